@@ -1,0 +1,206 @@
+"""The trajectory schema shared by every stage of the kit.
+
+One episode of the agent on one task is a :class:`Trajectory`: a list of :class:`Step` (one model
+turn each: raw text, parsed action, observation, exit status, timings, token counts), the verifier's
+reward, and an :class:`Outcome` that separates agent outcomes from infrastructure faults.
+
+The data pipeline, the GRPO rollouts, the evaluation and the Space all read and write this schema,
+and the training format (chat messages with tool calls) is derived from it by :meth:`Trajectory.to_messages`
+with the prompt of :mod:`reterm.agent.protocol`, so data, training and evaluation see the same
+conversation. Conversions to and from Harbor's ATIF trajectory JSON and from Harbor job folders live in
+:mod:`reterm.agent.atif`.
+
+Source of the outcome rule: the brief ("infrastructure faults are never counted as agent failures or
+successes") and Harbor's verifier (a missing reward file is an error, not a zero).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+SCHEMA_VERSION = "reterm-trajectory/1"
+
+# A reward at or above this counts as a pass (Terminal-Bench rewards are 0/1).
+PASS_THRESHOLD = 1.0
+
+
+class Outcome(str, Enum):
+    """How an episode ended, as far as scoring is concerned.
+
+    Agent outcomes (``SUCCESS``, ``FAILURE``) are scored. Everything else is an infrastructure fault:
+    it carries no reward signal, is reported apart, and never becomes a failure state.
+    ``FAILURE`` covers every way the *agent* fails: wrong result, out of turns, out of its own time
+    budget (the agent timeout is the agent's fault, as in Terminal-Bench).
+    """
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    PENDING = "pending"  # episode ran, verifier not run yet
+    SANDBOX_ERROR = "sandbox_error"  # the environment died, failed to start or to build
+    VERIFIER_ERROR = "verifier_error"  # verifier crashed or wrote no reward file
+    VERIFIER_TIMEOUT = "verifier_timeout"
+    ENVIRONMENT_TIMEOUT = "environment_timeout"  # build/start of the environment timed out
+    HARNESS_ERROR = "harness_error"  # an exception in this kit's (or Harbor's) own code
+    ENDPOINT_ERROR = "endpoint_error"  # the model server failed after retries
+
+    @property
+    def is_infra_fault(self) -> bool:
+        """True for outcomes that must not be scored as agent success or failure."""
+        return self not in (Outcome.SUCCESS, Outcome.FAILURE, Outcome.PENDING)
+
+
+StopReason = Literal["submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled"]
+
+
+class Action(BaseModel):
+    """A parsed model action.
+
+    ``tool`` is ``"bash"`` (run ``command`` in the terminal, waiting at most ``timeout`` seconds) or
+    ``"submit"`` (declare the task done). ``call_id`` is the tool-call id used in chat messages.
+    """
+
+    tool: Literal["bash", "submit"]
+    command: str | None = None
+    timeout: float | None = None
+    call_id: str = "call_0"
+
+
+class Step(BaseModel):
+    """One turn: the model's text, what it was parsed into, and what the terminal answered.
+
+    Times are in seconds. ``exit_status`` is the shell's ``$?`` when the command returned to the
+    prompt, ``None`` when it did not (interactive program, timeout) or for parse errors and submit.
+    ``parse_error`` is the outcome name of :func:`reterm.agent.protocol.parse_action` when the text
+    held no valid action (then ``action`` is ``None`` and ``observation`` tells the model what was wrong).
+    """
+
+    index: int
+    model_text: str
+    reasoning: str | None = None
+    action: Action | None = None
+    parse_error: str | None = None
+    observation: str = ""
+    exit_status: int | None = None
+    timed_out: bool = False
+    generation_s: float = 0.0
+    execution_s: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    # Set on steps copied from a given history (a failure prefix) rather than generated in this episode.
+    from_history: bool = False
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def command(self) -> str | None:
+        """The bash command of this step, if it ran one."""
+        return self.action.command if self.action and self.action.tool == "bash" else None
+
+
+class Trajectory(BaseModel):
+    """One episode of the agent on one task.
+
+    ``steps[:prefix_len]`` came from a given history (a recovery attempt starts from a failure state);
+    the rest were generated in this episode. ``reward`` is the verifier's reward (``None`` when the
+    verifier did not run or faulted). ``outcome`` says whether the episode counts as an agent
+    success/failure or an infrastructure fault (see :class:`Outcome`).
+    """
+
+    schema_version: str = SCHEMA_VERSION
+    task_id: str
+    instruction: str
+    system_prompt: str
+    policy: str = ""
+    steps: list[Step] = Field(default_factory=list)
+    prefix_len: int = 0
+    reward: float | None = None
+    outcome: Outcome = Outcome.PENDING
+    stop_reason: StopReason | None = None
+    error: str | None = None  # message of the infrastructure fault, if any
+    wall_s: float = 0.0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    # ----------------------------------------------------------------------------------- scoring
+    @property
+    def passed(self) -> bool:
+        """True when the verifier's reward reached :data:`PASS_THRESHOLD`."""
+        return self.outcome is Outcome.SUCCESS
+
+    def set_reward(self, reward: float | None, error: str | None = None, timed_out: bool = False) -> None:
+        """Record the verifier result and derive :attr:`outcome`.
+
+        ``reward=None`` with ``error`` (or ``timed_out``) marks a verifier fault, never a failure.
+        """
+        if timed_out:
+            self.reward, self.outcome, self.error = None, Outcome.VERIFIER_TIMEOUT, error or "verifier timed out"
+        elif reward is None:
+            self.reward, self.outcome = None, Outcome.VERIFIER_ERROR
+            self.error = error or "verifier produced no reward"
+        else:
+            self.reward = float(reward)
+            self.outcome = Outcome.SUCCESS if self.reward >= PASS_THRESHOLD else Outcome.FAILURE
+
+    # ------------------------------------------------------------------------------ conversions
+    def to_messages(self, upto: int | None = None) -> list[dict[str, Any]]:
+        """The conversation as OpenAI-style chat messages with tool calls (the training format).
+
+        ``[system, user(instruction), assistant(tool_calls)|assistant(text), tool, ...]`` for
+        ``steps[:upto]``. Tool-call ``arguments`` are JSON strings (as ``datasets`` stores them).
+        A parse-error step becomes an assistant message with the raw text and a ``user`` message
+        holding the parse-error observation (there was no tool call to answer).
+        """
+        from reterm.agent.protocol import step_messages  # local import: protocol imports this module
+
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": self.instruction},
+        ]
+        for step in self.steps[: len(self.steps) if upto is None else upto]:
+            messages.extend(step_messages(step))
+        return messages
+
+    def prefix(self, n: int) -> list[Step]:
+        """Copies of the first ``n`` steps marked ``from_history`` (a failure prefix)."""
+        return [s.model_copy(update={"from_history": True}, deep=True) for s in self.steps[:n]]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the trajectory as JSON atomically (temp file + rename). Returns the path."""
+        return write_json_atomic(path, self.model_dump(mode="json"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trajectory":
+        """Read a trajectory written by :meth:`save`.
+
+        Raises ``ValueError`` naming the file when it is not valid JSON or not this schema.
+        """
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_text())
+        except Exception as exc:  # pydantic.ValidationError or JSON errors
+            raise ValueError(f"{path}: not a ReTerm trajectory ({exc})") from exc
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically: a temp file in the same folder, fsync, rename.
+
+    Used by every long job so a kill never leaves a half-written file. Returns the path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
