@@ -1,0 +1,8 @@
+"""``python -m reterm.recovery LABELLED_SET [--split NAME]``: print the classifier's per-category
+precision/recall/F1 tables (markdown). See :mod:`reterm.recovery.evaluate`."""
+
+import sys
+
+from reterm.recovery.evaluate import main
+
+sys.exit(main())
