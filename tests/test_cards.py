@@ -1,0 +1,222 @@
+"""Dataset and model cards: rendered from the run's outputs, parsed back by huggingface_hub, bad input refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from huggingface_hub import DatasetCard, ModelCard
+
+from dataset_card.render import COLUMN_DOCS, render_dataset_card
+from dataset_card.stats import load_stats
+from model_card.inputs import load_recipe, load_results
+from model_card.render import render_model_card
+from reterm.hub_metadata import check_readme, size_category, validate_card_metadata
+from reterm.records import FEATURES
+
+FIXTURES = Path(__file__).parent / "fixtures" / "publish"
+RECIPES = [FIXTURES / "recipes" / "sft.yaml", FIXTURES / "recipes" / "grpo.yaml"]
+RESULTS = FIXTURES / "results.json"
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("publish_fixture", FIXTURES / "build_fixture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dataset_folder(tmp_path_factory) -> Path:
+    return _fixture_module().build_dataset(tmp_path_factory.mktemp("ds") / "reterm10k")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+    out = tmp_path_factory.mktemp("model") / "checkpoint"
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------- dataset card
+def test_dataset_card_parses_back_with_metadata_intact(dataset_folder, tmp_path):
+    card = render_dataset_card(dataset_folder, "reterm/ReTerm-10K")
+    path = tmp_path / "README.md"
+    card.save(path)
+    loaded = DatasetCard.load(path)
+    assert loaded.data.to_dict() == card.data.to_dict()
+    meta = loaded.data.to_dict()
+    assert meta["license"] == "apache-2.0"
+    assert meta["task_categories"] == ["text-generation"]
+    assert meta["size_categories"] == ["n<1K"]
+    assert meta["pretty_name"] == "ReTerm-10K (test fixture)"
+    assert meta["configs"] == [
+        {"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*"},
+                                                  {"split": "test", "path": "data/test-*"}]}  # fmt: skip
+    ]
+    # datasets reads the features and split sizes back from the card exactly as push_to_hub writes them
+    from datasets.info import DatasetInfosDict
+
+    info = DatasetInfosDict.from_dataset_card_data(loaded.data)["default"]
+    assert info.features == FEATURES
+    assert {s: info.splits[s].num_examples for s in info.splits} == {"train": 4, "test": 1}
+    assert validate_card_metadata(meta, "dataset") == []
+
+
+def test_dataset_card_reads_well(dataset_folder):
+    text = str(render_dataset_card(dataset_folder, "reterm/ReTerm-10K"))
+    body = text.split("\n---\n", 1)[1]
+    for heading in ("# ReTerm-10K (test fixture)", "## Quick start", "## Dataset structure", "### Fields",
+                    "### A worked example", "## How it was made", "## Failure categories", "## Decontamination",
+                    "## Source tasks and licences", "## Limitations", "## Citation"):  # fmt: skip
+        assert f"\n{heading}\n" in body, heading
+    # per-category table from stats.json, recovery rate derived (14/24 = 58.3%)
+    assert "| missing dependency (`missing_dependency`) | 2 | 40.0% | 3 | 24 | 14 | 58.3% |" in body
+    assert "| **records** | **5** |" in body
+    assert 'load_dataset("reterm/ReTerm-10K", split="train")' in body
+    # the worked example: the shortest record (json-pretty), its failing step and where the recovery starts
+    assert "task `json-pretty`" in body
+    assert "❌ *failing step*" in body and "**recovery starts here** (`recovery_start` = 4)" in body
+    assert "bash: jq: command not found" in body
+    # every column is documented, in FEATURES order
+    assert [line.split("`")[1] for line in body.splitlines() if line.startswith("| `") and "` | `" in line][: len(FEATURES)] == list(FEATURES)
+    assert set(COLUMN_DOCS) == set(FEATURES)
+    assert "terminal-bench@2.0" in body and "13-gram overlap" in body
+    assert "@misc{reterm10k2026" in body
+
+
+def test_dataset_card_refuses_stats_that_disagree_with_the_shards(dataset_folder, tmp_path):
+    folder = tmp_path / "ds"
+    shutil.copytree(dataset_folder, folder)
+    stats = json.loads((folder / "stats.json").read_text())
+    # totals still add up, but the per-category counts no longer match the records
+    stats["categories"]["missing_dependency"]["records"] = 1
+    stats["categories"]["timeout_hang"]["records"] = 1
+    (folder / "stats.json").write_text(json.dumps(stats))
+    with pytest.raises(ValueError, match="failure_category"):
+        render_dataset_card(folder, "reterm/ReTerm-10K")
+    # a split the shards do not have
+    stats = json.loads((dataset_folder / "stats.json").read_text())
+    stats["splits"] = {"train": 3, "validation": 1, "test": 1}
+    (folder / "stats.json").write_text(json.dumps(stats))
+    with pytest.raises(ValueError, match="splits in data/"):
+        render_dataset_card(folder, "reterm/ReTerm-10K")
+
+
+def test_stats_errors_name_the_file_and_field(dataset_folder, tmp_path):
+    stats = json.loads((dataset_folder / "stats.json").read_text())
+    stats["filters"]["kept"] = 6
+    del stats["policy"]
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps(stats))
+    with pytest.raises(ValueError) as err:
+        load_stats(path)
+    message = str(err.value)
+    assert str(path) in message and "filters" in message and "kept (6)" in message and "policy" in message
+    assert load_stats(dataset_folder / "stats.json").recovery_rate == pytest.approx(27 / 72)
+
+
+# ------------------------------------------------------------------------------------ model card
+def test_model_card_parses_back_with_model_index(tiny_model, tmp_path):
+    card = render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, datasets=["reterm/ReTerm-10K"])
+    path = tmp_path / "README.md"
+    card.save(path)
+    loaded = ModelCard.load(path)
+    meta = loaded.data.to_dict()
+    assert meta == card.data.to_dict()
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"  # first recipe's model_name_or_path
+    assert meta["base_model_relation"] == "finetune"
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert meta["datasets"] == ["reterm/ReTerm-10K"]
+    assert "sft" in meta["tags"] and "grpo" in meta["tags"]
+    results = loaded.data.eval_results
+    assert loaded.data.model_name == "reterm-grpo"  # picked by the repo name among three models
+    assert [(r.metric_type, r.metric_value) for r in results] == [("pass@1", 34.8), ("pass@2", 40.5), ("pass@3", 43.8)]
+    assert results[0].dataset_type == "terminal-bench" and results[0].dataset_config == "2.0"
+    assert "± 1.7" in results[0].metric_name and "3 trials/task" in results[0].metric_name
+    assert validate_card_metadata(meta, "model") == []
+
+
+def test_model_card_reads_well_and_redacts_secrets(tiny_model):
+    text = str(render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, datasets=["reterm/ReTerm-10K"]))
+    body = text.split("\n---\n", 1)[1]
+    for heading in ("## Results", "### Recovery per error category", "## Training", "### Stage 1: SFT (`sft.yaml`)",
+                    "### Stage 2: GRPO (`grpo.yaml`)", "## How to use", "### Serve with vLLM",
+                    "### Evaluate in Harbor (Terminal-Bench)", "## Limitations", "## Citation"):  # fmt: skip
+        assert f"\n{heading}\n" in body, heading
+    assert "| **reterm-grpo** (this model) | reterm | 34.8 ± 1.7 | +14.6 | 267 | 89 | 0 |" in body
+    assert "| missing dependency | 25.0 (30/120) | 40.6 (41/101) | 57.8 (52/90) |" in body
+    assert "| group size G | `8` |" in body and "| LoRA r | `16` |" in body
+    assert "vllm serve reterm/reterm-grpo --served-model-name reterm-grpo --port 8000" in body
+    assert "fixture-secret-value" not in text and "hub_token: <redacted>" in text
+    assert "4.4 K parameters" in body  # counted from the safetensors header of the tiny model
+
+
+def test_model_card_for_a_lora_adapter(tiny_model, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    card = render_model_card(adapter, "reterm/reterm-sft-lora", RECIPES[:1], None,
+                             base_model="HuggingFaceTB/SmolLM2-135M-Instruct")  # fmt: skip
+    meta = ModelCard(str(card)).data.to_dict()
+    assert meta["base_model_relation"] == "adapter" and meta["library_name"] == "peft"
+    assert "model-index" not in meta and "lora" in meta["tags"]
+    assert "--enable-lora --lora-modules reterm-sft-lora=reterm/reterm-sft-lora" in str(card)
+    assert "This checkpoint has not been evaluated yet." in str(card)
+
+
+def test_model_card_refuses_bad_inputs(tiny_model, tmp_path):
+    # a recipe whose model is a local path, and no other source of the base model's Hub id
+    with pytest.raises(ValueError, match="--base-model"):
+        render_model_card(tiny_model, "reterm/x", RECIPES[1:], None)
+    # several models in results.json, none named like the repo
+    with pytest.raises(ValueError, match="--eval-name"):
+        render_model_card(tiny_model, "reterm/other", RECIPES, RESULTS)
+    # Pass@1 written as a percentage instead of a fraction
+    bad = json.loads(RESULTS.read_text())
+    bad["models"][0]["pass_at_1"]["mean"] = 20.22
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"models\.0\.pass_at_1\.mean: .*fraction"):
+        load_results(path)
+    # an unknown licence is malformed metadata
+    with pytest.raises(ValueError, match='"license" .*not-a-licence'):
+        render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, license="not-a-licence")
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        render_model_card(tmp_path, "reterm/x", RECIPES, None)
+
+
+def test_recipe_kinds_and_redaction():
+    sft, grpo = (load_recipe(p) for p in RECIPES)
+    assert (sft.trainer, grpo.trainer) == ("sft", "grpo")
+    assert sft.redacted == ["hub_token"] and sft.params["hub_token"] == "<redacted>"
+
+
+# ----------------------------------------------------------------------------- metadata checks
+def test_metadata_validation_messages():
+    assert size_category(999) == "n<1K" and size_category(10_000) == "10K<n<100K"
+    errors = validate_card_metadata(
+        {"license": "apache2", "size_categories": ["huge"], "base_model": "./ckpt", "base_model_relation": "copy",
+         "model-index": [{"name": "x", "results": [{"task": {}}]}], "tags": "ok", "configs": [{"data_files": 3}]},
+        "model",
+    )  # fmt: skip
+    joined = "\n".join(errors)
+    for field in ('"license"', '"size_categories"', '"base_model"', '"base_model_relation"', '"model-index"', '"configs[0]"'):
+        assert field in joined, field
+    assert validate_card_metadata({"title": "x"}, "space") == ['"sdk" must be one of gradio, streamlit, docker, static, got None']
+    with pytest.raises(ValueError, match="not valid YAML"):
+        check_readme("---\nlicense: [unclosed\n---\nbody", "model")
+    assert check_readme("# no metadata", "model") == {}
