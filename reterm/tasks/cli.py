@@ -1,0 +1,102 @@
+"""``reterm tasks``: check and verify task folders.
+
+    reterm tasks check PATH [--no-build] [--json FILE]       load, build locally, solution, categories, shim
+    reterm tasks verify PATH [--out DIR] [-n N] [--task NAME ...]
+                                                             oracle and null agents through Harbor on the
+                                                             local sandbox: rewards and wall times
+    reterm tasks steps TASK                                  the reference solution as terminal commands
+
+PATH is a task folder or a folder of task folders (Harbor / Terminal-Bench 2.x, Terminal-Bench 1
+``task.yaml``, generated tasks without solution; see ``reterm.tasks.loader``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+
+def _check(args: argparse.Namespace) -> int:
+    from reterm.tasks.check import check_path, checks_json, checks_markdown
+
+    checks, problems = check_path(Path(args.path), build=not args.no_build, progress=not args.quiet)
+    if not checks:
+        print(f"{args.path}: no task folders found", file=sys.stderr)
+        return 1
+    print(checks_markdown(checks, problems))
+    if args.json:
+        from reterm.trajectory import write_json_atomic
+
+        write_json_atomic(args.json, checks_json(checks, problems))
+    return 0 if all(c.valid for c in checks) and not problems else 1
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from reterm.tasks.loader import load_tasks
+    from reterm.tasks.verify import verification_json, verification_markdown, verify_tasks
+    from reterm.trajectory import write_json_atomic
+
+    loaded, errors = load_tasks(Path(args.path))
+    for err in errors:
+        print(f"not loaded: {err}", file=sys.stderr)
+    if args.task:
+        wanted = set(args.task)
+        loaded = [t for t in loaded if t.name in wanted or t.source_dir.name in wanted]
+        missing = wanted - {t.name for t in loaded} - {t.source_dir.name for t in loaded}
+        if missing:
+            print(f"unknown task(s): {', '.join(sorted(missing))}", file=sys.stderr)
+            return 2
+    if not loaded:
+        print(f"{args.path}: no task to verify", file=sys.stderr)
+        return 1
+    out = Path(args.out or f"runs/tasks-verify-{time.strftime('%Y%m%d-%H%M%S')}")
+    t0 = time.monotonic()
+    results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet))
+    total = time.monotonic() - t0
+    md = verification_markdown(results, total)
+    print(md)
+    (out / "verify.md").write_text(md)
+    write_json_atomic(out / "verify.json", verification_json(results, total))
+    print(f"results: {out / 'verify.md'}, {out / 'verify.json'}", file=sys.stderr)
+    return 0 if all(r.ok for r in results) and not errors else 1
+
+
+def _steps(args: argparse.Namespace) -> int:
+    from reterm.tasks.loader import load_task
+    from reterm.tasks.steps import solution_steps
+
+    for i, step in enumerate(solution_steps(load_task(args.task, check_local=False)), start=1):
+        print(f"# step {i}\n{step}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``reterm tasks``; returns the exit status (1 when a task is invalid or fails)."""
+    parser = argparse.ArgumentParser(prog="reterm tasks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("check", help="check task folders (load, local build, solution, categories, shim)")
+    p.add_argument("path")
+    p.add_argument("--no-build", action="store_true", help="static checks only (no sandbox build)")
+    p.add_argument("--json", help="also write the report as JSON to this file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_check)
+    p = sub.add_parser("verify", help="run oracle and null agents through Harbor on the local sandbox")
+    p.add_argument("path")
+    p.add_argument("--out", help="output folder (default runs/tasks-verify-<time>)")
+    p.add_argument("-n", "--n-concurrent", type=int, default=2, help="trials at a time (default 2)")
+    p.add_argument("--task", action="append", help="only this task (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_verify)
+    p = sub.add_parser("steps", help="print a task's reference solution split into terminal commands")
+    p.add_argument("task")
+    p.set_defaults(func=_steps)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

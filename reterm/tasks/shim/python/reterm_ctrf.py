@@ -1,0 +1,41 @@
+"""pytest plugin of the reterm offline shim: ``--ctrf FILE`` writes a CTRF JSON report.
+
+Own code standing in for the pytest-json-ctrf package (which Terminal-Bench verifiers request through
+uvx) so its command-line option works offline. Report layout: the Common Test Report Format
+(https://ctrf.io): ``results.tool``, ``results.summary`` (counts, start/stop in ms), ``results.tests``.
+It does not influence pytest's exit status.
+"""
+import json
+import os
+import time
+
+
+def pytest_addoption(parser):
+    parser.addoption("--ctrf", action="store", default=None, metavar="FILE",
+                     help="write a CTRF JSON report to FILE (reterm offline shim)")
+
+
+def pytest_configure(config):
+    path = config.getoption("--ctrf")
+    if path:
+        config.pluginmanager.register(_Report(path), "reterm-ctrf-report")
+
+
+class _Report:
+    def __init__(self, path):
+        self.path, self.tests, self.start = path, [], int(time.time() * 1000)
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            status = {"passed": "passed", "failed": "failed", "skipped": "skipped"}[report.outcome]
+            self.tests.append({"name": report.nodeid, "status": status,
+                               "duration": int(getattr(report, "duration", 0) * 1000)})
+
+    def pytest_sessionfinish(self, session):
+        counts = {s: sum(t["status"] == s for t in self.tests) for s in ("passed", "failed", "skipped")}
+        summary = {"tests": len(self.tests), **counts, "pending": 0, "other": 0,
+                   "start": self.start, "stop": int(time.time() * 1000)}
+        doc = {"results": {"tool": {"name": "pytest"}, "summary": summary, "tests": self.tests}}
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "w") as fh:
+            json.dump(doc, fh, indent=2)

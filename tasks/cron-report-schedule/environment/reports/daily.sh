@@ -1,0 +1,3 @@
+#!/bin/bash
+# daily report job
+echo "daily report done"

@@ -1,0 +1,3 @@
+#!/bin/bash
+# monthly report job
+echo "monthly report done"

@@ -1,0 +1,3 @@
+#!/bin/bash
+# sync report job
+echo "sync report done"

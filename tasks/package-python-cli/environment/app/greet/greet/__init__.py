@@ -1,0 +1,3 @@
+"""Friendly greetings."""
+
+__version__ = "0.3.0"
