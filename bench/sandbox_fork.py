@@ -1,0 +1,157 @@
+"""Benchmark of the local sandbox (issue 2): start, exec latency, snapshot and fork vs replay fork.
+
+    python bench/sandbox_fork.py [--task DIR] [--forks 8] [--mb 50] [--prefixes 10,40,160] [--json out.json]
+
+Prints, in one run:
+  * start time of a fresh sandbox (layers cached), median of several;
+  * median exec latency of ``true``;
+  * snapshot time and the time to fork G live sandboxes from a state whose writable layer holds
+    about ``--mb`` MB, made by a prefix of N commands, for each N in ``--prefixes``;
+  * the same fork done by replay (G fresh sandboxes, each re-running the N-command prefix);
+  * the ratio replay / snapshot fork.
+The target (issue 2): fork of 8 from a 50 MB state under 1 s, flat in the prefix length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from reterm.sandbox.local import LocalEnvironment  # noqa: E402
+from reterm.sandbox.replay import replay_fork  # noqa: E402
+
+DEFAULT_TASK = REPO / "tests" / "fixtures" / "tasks" / "hello-file"
+
+
+def prefix(n_commands: int, total_mb: int) -> list[str]:
+    """An agent-like prefix of ``n_commands`` that leaves about ``total_mb`` MB in the writable layer."""
+    cmds = ["mkdir -p /app/work && cd /app/work", "export STAGE=1"]
+    writers = max(1, n_commands - len(cmds))
+    kb = total_mb * 1024 // writers
+    for i in range(n_commands - len(cmds)):
+        cmds.append(f"head -c {kb}K /dev/urandom > blob{i}.bin && echo $STAGE > stage{i}.txt")
+    return cmds[:n_commands]
+
+
+async def fork_by_snapshot(task: Path, cmds: list[str], g: int) -> dict:
+    async with LocalEnvironment.for_task(task) as env:
+        await env.exec("\n".join(cmds), timeout_sec=600)  # the state, made by the prefix
+        size = int((await env.exec("du -sm /app/work | cut -f1")).stdout)
+        t0 = time.perf_counter()
+        snap = await env.snapshot()
+        t_snap = time.perf_counter() - t0
+        forks = await LocalEnvironment.from_snapshot(snap, g)
+        t_fork = time.perf_counter() - t0
+        snap.release()
+        check = await forks[-1].exec("ls /app/work | wc -l")
+        assert int(check.stdout) == 2 * (len(cmds) - 2), check  # every blob and stage file is there
+        await asyncio.gather(*(f.stop() for f in forks))
+        return {"state_mb": size, "snapshot_s": t_snap, "fork_s": t_fork}
+
+
+async def fork_by_replay(task: Path, cmds: list[str], g: int) -> float:
+    t0 = time.perf_counter()
+    results = await replay_fork(lambda i: LocalEnvironment.for_task(task), cmds, g, timeout_sec=600)
+    took = time.perf_counter() - t0
+    assert not any(r.diverged for r in results), [r.divergences for r in results]
+    await asyncio.gather(*(r.environment.stop() for r in results))
+    return took
+
+
+async def main_async(args) -> dict:
+    task = Path(args.task)
+    out: dict = {"forks": args.forks, "state_mb": args.mb}
+    # warm the layer cache, then time fresh starts
+    async with LocalEnvironment.for_task(task):
+        pass
+    starts = []
+    for _ in range(args.starts):
+        env = LocalEnvironment.for_task(task)
+        t0 = time.perf_counter()
+        await env.start(force_build=False)
+        starts.append(time.perf_counter() - t0)
+        await env.stop()
+    out["start_s_median"] = statistics.median(starts)
+    async with LocalEnvironment.for_task(task) as env:
+        lat = []
+        for _ in range(args.execs):
+            t0 = time.perf_counter()
+            await env.exec("true")
+            lat.append(time.perf_counter() - t0)
+    out["exec_true_s_median"] = statistics.median(lat)
+    rows = []
+    for n in args.prefixes:
+        cmds = prefix(n, args.mb)
+        snap = await fork_by_snapshot(task, cmds, args.forks)
+        rep = await fork_by_replay(task, cmds, args.forks)
+        rows.append({"prefix_commands": n, **snap, "replay_fork_s": rep, "ratio": rep / snap["fork_s"]})
+    out["rows"] = rows
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default=str(DEFAULT_TASK), help="Harbor task folder (default: the hello-file fixture)")
+    p.add_argument("--forks", type=int, default=8, help="G, the number of forks")
+    p.add_argument("--mb", type=int, default=50, help="size of the forked state's writable layer (MB)")
+    p.add_argument("--prefixes", default="10,40,160", help="prefix lengths (commands), comma-separated")
+    p.add_argument("--starts", type=int, default=10, help="fresh starts to time")
+    p.add_argument("--execs", type=int, default=50, help="`true` execs to time")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--plot", help="also draw fork time vs prefix length to this PNG file")
+    args = p.parse_args(argv)
+    args.prefixes = [int(x) for x in args.prefixes.split(",")]
+    r = asyncio.run(main_async(args))
+    print(f"fresh sandbox start (median of {args.starts}): {r['start_s_median'] * 1000:.0f} ms")
+    print(f"exec `true` latency (median of {args.execs}): {r['exec_true_s_median'] * 1000:.1f} ms")
+    print()
+    print(f"| prefix commands | state MB | snapshot ms | fork G={args.forks} incl. snapshot ms "
+          f"| replay fork G={args.forks} ms | replay / snapshot |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in r["rows"]:
+        print(f"| {row['prefix_commands']} | {row['state_mb']} | {row['snapshot_s'] * 1000:.0f} | "
+              f"{row['fork_s'] * 1000:.0f} | {row['replay_fork_s'] * 1000:.0f} | {row['ratio']:.1f}x |")  # fmt: skip
+    first = r["rows"][0]
+    ok = first["fork_s"] < 1.0
+    print()
+    print(f"target: fork of {args.forks} from a ~{args.mb} MB state < 1 s: "
+          f"{'met' if ok else 'NOT met'} ({first['fork_s'] * 1000:.0f} ms)")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1))
+    if args.plot:
+        plot(r, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def plot(r: dict, path: str) -> None:
+    """Fork time (snapshot vs replay) against the prefix length, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [row["prefix_commands"] for row in r["rows"]]
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    ax.plot(n, [row["fork_s"] for row in r["rows"]], "o-", label="snapshot fork (local sandbox)")
+    ax.plot(n, [row["replay_fork_s"] for row in r["rows"]], "s-", label="replay fork (any environment)")
+    ax.set_xscale("log")
+    ax.set_xlabel("commands in the prefix")
+    ax.set_ylabel(f"seconds to fork G={r['forks']}")
+    ax.set_title(f"Fork of {r['forks']} sandboxes from a ~{r['state_mb']} MB state")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

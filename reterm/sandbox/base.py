@@ -1,0 +1,184 @@
+"""The Debian base root filesystem of the local sandbox (built once with debootstrap, cached).
+
+Every sandbox's root is an overlay of read-only layers on this base: it is the userland a task's
+``FROM debian|ubuntu|python`` maps onto (see :mod:`reterm.sandbox.dockerfile`). It is made with
+``debootstrap --variant=minbase --include=<PACKAGES> bookworm`` from the Debian mirror configured in
+apt's sources (NOTES.md: about 40 s and 400 MB here), cached under
+``<cache>/sandbox/base/<key>/rootfs`` where ``key`` hashes the suite, variant and package list, and
+built under a lock so that several processes starting at once build it only once.
+
+The package list is part of the task-suite contract: tasks are written against exactly this base,
+and a tool missing from it is a legitimate failure for the agent to recover from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from reterm.sandbox.paths import file_lock, sub
+
+logger = logging.getLogger(__name__)
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+# Exactly this list (the lead's decision, shared with the task suite): no jq, no build-essential.
+PACKAGES: tuple[str, ...] = (
+    "python3", "python3-pip", "python3-venv", "python3-pytest", "tmux", "git", "curl",
+    "ca-certificates", "procps", "iproute2", "less", "vim-tiny", "sqlite3", "make", "file",
+    "xz-utils", "bzip2", "unzip",
+)  # fmt: skip
+# Bump when the recipe below changes in a way that changes the result.
+RECIPE_VERSION = 1
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """A built base: ``rootfs`` is the folder to use as the lowest overlay layer."""
+
+    key: str
+    rootfs: Path
+    meta: dict
+
+
+def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE) -> str:
+    """Cache key of the base: 16 hex chars of sha256 over recipe version, suite, variant, packages."""
+    text = json.dumps([RECIPE_VERSION, suite, VARIANT, sorted(packages)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def apt_mirror(sources: list[Path] | None = None) -> str:
+    """The Debian mirror configured in apt's sources (first ``deb`` URI serving a Debian suite).
+
+    Reads ``/etc/apt/sources.list`` and ``/etc/apt/sources.list.d/*.list|*.sources`` (one-line and
+    deb822 formats). ``RETERM_DEBIAN_MIRROR`` overrides; falls back to ``deb.debian.org``.
+    """
+    if os.environ.get("RETERM_DEBIAN_MIRROR"):
+        return os.environ["RETERM_DEBIAN_MIRROR"]
+    if sources is None:
+        d = Path("/etc/apt/sources.list.d")
+        sources = [Path("/etc/apt/sources.list")]
+        if d.is_dir():
+            sources += sorted(d.glob("*.list")) + sorted(d.glob("*.sources"))
+    for path in sources:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line:
+                        continue
+                    k, _, v = line.partition(":")
+                    fields[k.strip().lower()] = v.strip()
+                if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes") == "no":
+                    continue
+                suites = fields.get("suites", "").split()
+                for uri in fields.get("uris", "").split():
+                    if any(s in (SUITE, "stable") for s in suites) and "security" not in uri:
+                        return uri.rstrip("/")
+        else:
+            for line in text.splitlines():
+                parts = line.split("#", 1)[0].split()
+                if len(parts) >= 3 and parts[0] == "deb":
+                    uri_i = 2 if parts[1].startswith("[") else 1
+                    while uri_i < len(parts) and not parts[uri_i].startswith(("http", "file", "ftp")):
+                        uri_i += 1
+                    if uri_i + 1 < len(parts) and parts[uri_i + 1] in (SUITE, "stable"):
+                        if "security" not in parts[uri_i]:
+                            return parts[uri_i].rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def find_base(packages: tuple[str, ...] = PACKAGES) -> BaseImage | None:
+    """The cached base for ``packages`` if it was built, else None (never builds)."""
+    key = base_key(packages)
+    root = sub("base") / key
+    meta_path = sub("base") / f"{key}.json"
+    if (root / "rootfs" / "usr" / "bin" / "python3").exists() and meta_path.exists():
+        return BaseImage(key=key, rootfs=root / "rootfs", meta=json.loads(meta_path.read_text()))
+    return None
+
+
+def ensure_base(packages: tuple[str, ...] = PACKAGES, *, log=None) -> BaseImage:
+    """Return the cached base root filesystem, building it with debootstrap first if missing.
+
+    Needs root (debootstrap) and the network to the Debian mirror for the first build only.
+    Concurrent callers wait on a lock; the first builds, the others reuse its result.
+
+    Raises:
+        RuntimeError: debootstrap is missing, we are not root, or the build failed (with its log tail).
+    """
+    log = log or logger.info
+    found = find_base(packages)
+    if found:
+        return found
+    key = base_key(packages)
+    with file_lock(f"base-{key}", wait_message="waiting for another process building the sandbox base", log=log):
+        found = find_base(packages)
+        if found:
+            return found
+        if os.geteuid() != 0:
+            raise RuntimeError(
+                "building the sandbox base root filesystem needs root (debootstrap). Run "
+                "`sudo reterm sandbox prepare` once, or point RETERM_CACHE at a cache prepared by root."
+            )
+        debootstrap = shutil.which("debootstrap", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+        if not debootstrap:
+            raise RuntimeError("debootstrap is not installed (Debian package `debootstrap`); run scripts/setup.sh")
+        mirror = apt_mirror()
+        final = sub("base") / key
+        tmp = sub("base") / f".tmp-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "rootfs").mkdir(parents=True)
+        cmd = [debootstrap, f"--variant={VARIANT}", f"--include={','.join(packages)}", SUITE, str(tmp / "rootfs"), mirror]
+        log(f"building the sandbox base (debootstrap {SUITE} from {mirror}, about a minute): {tmp / 'rootfs'}")
+        t0 = time.monotonic()
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-40:]
+            if line.startswith(("I: Retrieving", "I: Extracting", "I: Installing", "I: Configuring", "I: Base system")):
+                if "Retrieving Packages" in line or line.startswith(("I: Installing core", "I: Base system", "I: Configuring")):
+                    log(line.rstrip())
+        if proc.wait() != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"debootstrap failed (exit {proc.returncode}): " + "\n".join(tail))
+        _finish_rootfs(tmp / "rootfs")
+        meta = {
+            "key": key, "suite": SUITE, "variant": VARIANT, "packages": list(packages), "mirror": mirror,
+            "recipe_version": RECIPE_VERSION, "built_at": time.time(), "build_s": round(time.monotonic() - t0, 1),
+        }  # fmt: skip
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        (sub("base") / f"{key}.json").write_text(json.dumps(meta, indent=1))
+        log(f"sandbox base ready in {meta['build_s']} s: {final / 'rootfs'}")
+        return BaseImage(key=key, rootfs=final / "rootfs", meta=meta)
+
+
+def _finish_rootfs(rootfs: Path) -> None:
+    """Post-debootstrap clean-up: drop downloaded .debs, set a hostname, empty resolv.conf.
+
+    ``/etc/resolv.conf`` is bind-mounted from the host during build steps only (trials are offline).
+    """
+    for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    (rootfs / "etc/hostname").write_text("sandbox\n")
+    resolv = rootfs / "etc/resolv.conf"
+    if resolv.is_symlink() or resolv.exists():
+        resolv.unlink()
+    resolv.write_text("")

@@ -1,0 +1,231 @@
+"""Control groups for the local sandbox: memory, process count and CPU limits, freeze, kill-all.
+
+Own code because neither Harbor nor a maintained package offers cgroup v1 *and* v2 handling of this
+small surface. Measured here (NOTES.md): the machine runs cgroups v1 "hybrid" (memory, pids, cpu,
+freezer hierarchies writable by root). A cgroup v2-only host is handled through the unified hierarchy
+when the controllers are delegated to our cgroup. Where neither is writable (non-root without
+delegation), :func:`open_cgroups` returns None and the sandbox falls back to rlimits only.
+
+Each sandbox gets one cgroup per controller, named ``reterm-<sandbox id>`` under the caller's own
+cgroup (so the limits of whoever runs us still apply on top). Each ``exec`` gets a child
+``x<n>`` in the pids (and freezer) hierarchy so that a timeout can kill exactly that command's
+process tree, double-forked daemons included.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+
+
+def _own_cgroups() -> dict[str, str]:
+    """Map controller name (or ``""`` for the v2 unified hierarchy) to this process's cgroup path."""
+    out: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+@dataclass
+class Cgroups:
+    """The cgroups of one sandbox (or of one exec inside it).
+
+    ``dirs`` maps a role (``memory``, ``pids``, ``cpu``, ``freezer`` on v1; ``unified`` on v2) to the
+    cgroup folder. ``version`` is 1 or 2.
+    """
+
+    version: int
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+    # ----------------------------------------------------------------------------- creation
+    def child(self, name: str) -> "Cgroups":
+        """A child cgroup for one exec: pids + freezer on v1 (the others are inherited), unified on v2."""
+        roles = ("pids", "freezer") if self.version == 1 else ("unified",)
+        dirs = {}
+        for role in roles:
+            if role in self.dirs:
+                d = self.dirs[role] / name
+                d.mkdir(exist_ok=True)
+                dirs[role] = d
+        return Cgroups(self.version, dirs)
+
+    def procs_files(self) -> list[Path]:
+        """The ``cgroup.procs`` files a new process writes its pid into to join every hierarchy."""
+        return [d / "cgroup.procs" for d in self.dirs.values()]
+
+    def set_limits(self, *, memory_bytes: int | None, pids_max: int | None, cpus: float | None) -> None:
+        """Apply limits (None leaves a limit unset). Memory includes tmpfs pages the sandbox writes."""
+        if self.version == 1:
+            if memory_bytes and "memory" in self.dirs:
+                _write(self.dirs["memory"] / "memory.limit_in_bytes", str(memory_bytes))
+                # no swap here; where swap exists, cap memory+swap at the same value
+                sw = self.dirs["memory"] / "memory.memsw.limit_in_bytes"
+                if sw.exists():
+                    _write(sw, str(memory_bytes), missing_ok=True)
+            if pids_max and "pids" in self.dirs:
+                _write(self.dirs["pids"] / "pids.max", str(pids_max))
+            if cpus and "cpu" in self.dirs:
+                _write(self.dirs["cpu"] / "cpu.cfs_period_us", "100000")
+                _write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(max(1000, int(cpus * 100000))))
+        else:
+            d = self.dirs["unified"]
+            if memory_bytes:
+                _write(d / "memory.max", str(memory_bytes), missing_ok=True)
+                _write(d / "memory.swap.max", "0", missing_ok=True)
+            if pids_max:
+                _write(d / "pids.max", str(pids_max), missing_ok=True)
+            if cpus:
+                _write(d / "cpu.max", f"{max(1000, int(cpus * 100000))} 100000", missing_ok=True)
+
+    # ------------------------------------------------------------------------------ control
+    def procs(self) -> set[int]:
+        """Pids of every process in these cgroups and their descendants' cgroups."""
+        pids: set[int] = set()
+        for d in self.dirs.values():
+            for sub in [d, *[p for p in d.rglob("*") if p.is_dir()]] if d.exists() else []:
+                try:
+                    pids.update(int(x) for x in (sub / "cgroup.procs").read_text().split())
+                except OSError:
+                    pass
+        return pids
+
+    def freeze(self) -> bool:
+        """Freeze every process (v1 freezer or v2 cgroup.freeze). Returns False if unsupported."""
+        if self.version == 1 and "freezer" in self.dirs:
+            _write(self.dirs["freezer"] / "freezer.state", "FROZEN")
+            for _ in range(1000):
+                if (self.dirs["freezer"] / "freezer.state").read_text().strip() == "FROZEN":
+                    return True
+                time.sleep(0.001)
+            return True
+        if self.version == 2 and (self.dirs["unified"] / "cgroup.freeze").exists():
+            _write(self.dirs["unified"] / "cgroup.freeze", "1")
+            return True
+        return False
+
+    def thaw(self) -> None:
+        """Undo :meth:`freeze`."""
+        if self.version == 1 and "freezer" in self.dirs:
+            _write(self.dirs["freezer"] / "freezer.state", "THAWED", missing_ok=True)
+        elif self.version == 2 and (self.dirs["unified"] / "cgroup.freeze").exists():
+            _write(self.dirs["unified"] / "cgroup.freeze", "0", missing_ok=True)
+
+    def kill_all(self, timeout: float = 5.0) -> bool:
+        """SIGKILL every process in these cgroups (frozen first so none can fork meanwhile).
+
+        Returns True when the cgroups are empty afterwards (within ``timeout`` seconds).
+        """
+        deadline = time.monotonic() + timeout
+        if self.version == 2 and (self.dirs["unified"] / "cgroup.kill").exists():
+            _write(self.dirs["unified"] / "cgroup.kill", "1", missing_ok=True)
+        while True:
+            frozen = self.freeze()
+            pids = self.procs()
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if frozen:
+                self.thaw()
+            if not pids:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+
+    def remove(self) -> None:
+        """Remove the cgroup folders (children first). Non-empty ones are left (and reported by sweep)."""
+        for d in self.dirs.values():
+            if not d.exists():
+                continue
+            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                _rmdir(sub)
+            _rmdir(d)
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "dirs": {k: str(v) for k, v in self.dirs.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Cgroups":
+        return cls(int(data["version"]), {k: Path(v) for k, v in data["dirs"].items()})
+
+
+def _write(path: Path, value: str, missing_ok: bool = False) -> None:
+    try:
+        path.write_text(value)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def _rmdir(path: Path) -> None:
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY right after the last process exits
+            time.sleep(0.01)
+
+
+def open_cgroups(name: str) -> Cgroups | None:
+    """Create the cgroups of sandbox ``name`` (``reterm-<id>``), or None where cgroups are not writable.
+
+    v1: one folder per controller in :data:`V1_CONTROLLERS` that is mounted and writable, under this
+    process's own cgroup of that controller. v2: one folder under this process's cgroup when it
+    delegates the memory and pids controllers.
+    """
+    own = _own_cgroups()
+    if (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
+        dirs: dict[str, Path] = {}
+        try:
+            for ctrl in V1_CONTROLLERS:
+                base = CGROUP_ROOT / ctrl
+                if not base.is_dir():
+                    continue
+                parent = base / own.get(ctrl, "/").lstrip("/")
+                d = parent / name
+                d.mkdir(exist_ok=True)
+                dirs[ctrl] = d
+        except OSError:
+            for d in dirs.values():
+                _rmdir(d)
+            return None
+        return Cgroups(1, dirs)
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        parent = CGROUP_ROOT / own.get("", "/").lstrip("/")
+        try:
+            enabled = (parent / "cgroup.subtree_control").read_text().split()
+            if not {"memory", "pids"} <= set(enabled):
+                return None
+            d = parent / name
+            d.mkdir(exist_ok=True)
+            return Cgroups(2, {"unified": d})
+        except OSError:
+            return None
+    return None
+
+
+def find_leftover_cgroups(prefix: str = "reterm-") -> list[Path]:
+    """Folders named ``<prefix>*`` anywhere in the cgroup hierarchies (for the sweep), deepest first."""
+    found: list[Path] = []
+    roots = [CGROUP_ROOT / c for c in V1_CONTROLLERS if (CGROUP_ROOT / c).is_dir()]
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        roots = [CGROUP_ROOT]
+    for root in roots:
+        for dirpath, dirnames, _ in os.walk(root):
+            for dn in list(dirnames):
+                if dn.startswith(prefix):
+                    found.append(Path(dirpath) / dn)
+                    dirnames.remove(dn)
+    return found
