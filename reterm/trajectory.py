@@ -56,7 +56,9 @@ class Outcome(str, Enum):
         return self not in (Outcome.SUCCESS, Outcome.FAILURE, Outcome.PENDING)
 
 
-StopReason = Literal["submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled"]
+StopReason = Literal[
+    "submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled", "context_length"
+]  # context_length: the conversation outgrew the model's context (an agent failure, not infra)
 
 
 class Action(BaseModel):
@@ -164,6 +166,14 @@ class Trajectory(BaseModel):
         for step in self.steps[: len(self.steps) if upto is None else upto]:
             messages.extend(step_messages(step))
         return messages
+
+    @classmethod
+    def from_messages(cls, messages: list[dict[str, Any]], **kwargs: Any) -> "Trajectory":
+        """The inverse of :meth:`to_messages` (see :func:`reterm.agent.atif.from_messages` for what a
+        chat conversation can and cannot restore)."""
+        from reterm.agent.atif import from_messages  # local import: atif imports this module
+
+        return from_messages(messages, **kwargs)
 
     def prefix(self, n: int) -> list[Step]:
         """Copies of the first ``n`` steps marked ``from_history`` (a failure prefix)."""

@@ -1,0 +1,220 @@
+"""``reterm run TASK --policy SPEC --env KIND``: one episode on one task, printed step by step.
+
+Starts the task's environment (``local`` = this kit's sandbox ``reterm.sandbox.local:LocalEnvironment``;
+any Harbor environment type such as ``docker``, ``podman``, ``daytona``; or ``module:Class``), runs
+:func:`reterm.agent.episode.run_episode` with the policy built by :func:`reterm.policies.load_policy`,
+shows every step (command, output, exit status) as it happens with a live status line, runs the
+verifier and prints the reward. The output folder has Harbor's trial layout: ``agent/trajectory.json``
+(ATIF), ``agent/reterm_trajectory.json``, ``verifier/``.
+
+Exit status: 0 when the episode and the verifier ran (whatever the reward), 3 for an infrastructure
+fault (sandbox, endpoint, verifier, harness), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+LOCAL_ENVIRONMENT = "reterm.sandbox.local:LocalEnvironment"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="reterm run",
+        description="Run one episode of the agent on a task and print it step by step.",
+    )
+    p.add_argument("task", help="task folder (or the name of a folder under tasks/)")
+    p.add_argument("--policy", default="smollm2",
+                   help="policy spec: smollm2 | hf:<path-or-hub-id> | openai:<model> | oracle (default smollm2)")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword for the policy (repeatable), e.g. base_url=http://127.0.0.1:8000/v1, "
+                        "temperature=0.7")  # fmt: skip
+    p.add_argument("--env", default="local",
+                   help="environment: local (this kit's sandbox), a Harbor type (docker, podman, daytona, ...) "
+                        "or module:Class (default local)")  # fmt: skip
+    p.add_argument("--max-turns", type=int, default=30, help="turns the policy gets (default 30)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="the agent's time in seconds (default the task's [agent] timeout_sec)")
+    p.add_argument("--command-timeout", type=float, default=None, help="default seconds per command (30)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="folder for the trajectory and verifier files (default runs/run-TASK-TIME)")
+    p.add_argument("--no-verify", action="store_true", help="skip the verifier")
+    p.add_argument("--max-output-lines", type=int, default=25, help="lines of each observation to print")
+    return p
+
+
+def _value(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def resolve_task_dir(task: str) -> Path:
+    """A task folder from a path or a name under ``tasks/``. Raises ``FileNotFoundError``."""
+    path = Path(task)
+    if (path / "task.toml").is_file():
+        return path
+    for root in (Path.cwd() / "tasks", Path(__file__).resolve().parents[2] / "tasks"):
+        if (root / task / "task.toml").is_file():
+            return root / task
+    raise FileNotFoundError(f"{task}: not a task folder (no task.toml) and no tasks/{task}")
+
+
+def make_environment(kind: str, task: Any, trial_dir: Path) -> Any:
+    """A Harbor environment for ``task`` (a Harbor ``Task``) whose trial files go to ``trial_dir``.
+
+    ``kind``: ``local``, a Harbor environment type name, or an import path ``module:Class``.
+    Raises ``ValueError`` for an unknown kind.
+    """
+    from harbor.environments.factory import EnvironmentFactory
+    from harbor.models.environment_type import EnvironmentType
+    from harbor.models.trial.paths import TrialPaths
+
+    paths = TrialPaths(trial_dir)
+    paths.mkdir()
+    name = str(task.name).split("/")[-1]
+    common = dict(
+        environment_dir=task.paths.environment_dir,
+        environment_name=name,
+        session_id=f"{name}__{uuid.uuid4().hex[:8]}__env",
+        trial_paths=paths,
+        task_env_config=task.config.environment,
+    )
+    import_path = LOCAL_ENVIRONMENT if kind == "local" else kind if ":" in kind else None
+    if import_path:
+        return EnvironmentFactory.create_environment_from_import_path(import_path, **common)
+    try:
+        env_type = EnvironmentType(kind)
+    except ValueError:
+        known = ", ".join(t.value for t in EnvironmentType)
+        raise ValueError(f"--env {kind!r}: not 'local', a Harbor environment type ({known}) or module:Class") from None
+    return EnvironmentFactory.create_environment(env_type, **common)
+
+
+class _Printer:
+    """Prints steps as they finish and keeps a live status line (rich)."""
+
+    def __init__(self, console: Any, max_turns: int, max_lines: int) -> None:
+        self.console, self.max_turns, self.max_lines = console, max_turns, max_lines
+        self.t0 = time.monotonic()
+        self.status = console.status("starting the terminal ...")
+
+    def phase(self, text: str) -> None:
+        self.status.update(f"[bold]{text}[/] [dim]({time.monotonic() - self.t0:.0f} s)[/]")
+
+    def step(self, _: int, traj: Any, step: Any) -> None:
+        from rich.markup import escape
+
+        c = self.console
+        turn = step.index - traj.prefix_len + 1
+        if step.action is None:
+            c.print(f"[bold yellow]step {turn}[/] [yellow]parse error: {step.parse_error}[/]"
+                    f" [dim]({step.generation_s:.1f} s)[/]")  # fmt: skip
+            c.print(f"[dim]{escape(step.model_text.strip()[:300])}[/]")
+        elif step.action.tool == "submit":
+            c.print(f"[bold green]step {turn}[/] submit [dim]({step.generation_s:.1f} s)[/]")
+        else:
+            c.print(f"[bold cyan]step {turn}[/] [bold]$ {escape(step.action.command or '')}[/]"
+                    f" [dim](model {step.generation_s:.1f} s, run {step.execution_s:.1f} s)[/]")  # fmt: skip
+            lines = step.observation.split("\n")
+            body, status = lines[:-1], lines[-1]
+            if len(body) > self.max_lines:
+                body = body[: self.max_lines // 2] + [f"... {len(body) - self.max_lines} more lines ..."] + body[-self.max_lines // 2 :]
+            if body:
+                c.print(escape("\n".join(body)), highlight=False)
+            style = "green" if step.exit_status == 0 else "red" if step.exit_status is not None else "yellow"
+            c.print(f"[{style}]{escape(status)}[/]")
+        self.phase(f"turn {turn + 1}/{self.max_turns}: generating")
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from harbor.models.task.task import Task
+    from rich.console import Console
+
+    from reterm.agent.atif import write_trial_files
+    from reterm.agent.episode import run_episode
+    from reterm.policies import load_policy
+
+    console = Console()
+    task_dir = resolve_task_dir(args.task)
+    task = Task(task_dir)
+    task_id = str(task.name).split("/")[-1]
+    out = args.output or Path("runs") / f"run-{task_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    kwargs = dict(kv.split("=", 1) for kv in args.policy_arg)
+    kwargs = {k: _value(v) for k, v in kwargs.items()}
+    if args.policy == "oracle":
+        kwargs.setdefault("tasks", task_dir)
+    console.print(f"[bold]task[/] {task_id}  [bold]policy[/] {args.policy}  [bold]env[/] {args.env}  [bold]output[/] {out}")
+    with console.status(f"loading policy {args.policy} ..."):
+        policy = load_policy(args.policy, **kwargs)
+    env = make_environment(args.env, task, out)
+    printer = _Printer(console, args.max_turns, args.max_output_lines)
+    traj = None
+    with printer.status:
+        printer.phase(f"starting the {args.env} environment")
+        t0 = time.monotonic()
+        try:
+            await env.start(force_build=False)
+        except Exception as exc:
+            console.print(f"[bold red]sandbox error:[/] the environment did not start: {type(exc).__name__}: {exc}")
+            return 3
+        try:
+            if hasattr(env, "ensure_dirs"):
+                from harbor.models.trial.paths import EnvironmentPaths
+
+                p = EnvironmentPaths.for_os(env.os)
+                await env.ensure_dirs([p.agent_dir, p.verifier_dir, p.artifacts_dir])
+            console.print(f"[dim]environment ready in {time.monotonic() - t0:.1f} s[/]")
+            printer.phase(f"turn 1/{args.max_turns}: generating")
+            traj = await run_episode(
+                policy, env, task, max_turns=args.max_turns, time_budget_s=args.time_budget,
+                command_timeout_s=args.command_timeout, verify=not args.no_verify, trial_dir=out,
+                on_step=printer.step,
+            )  # fmt: skip
+        finally:
+            printer.phase("stopping the environment")
+            try:
+                await env.stop(delete=True)
+            except Exception as exc:  # cleanup trouble is reported, not raised over the result
+                console.print(f"[yellow]environment stop failed: {exc}[/]")
+    assert traj is not None
+    write_trial_files(traj, out / "agent")
+    style = "green" if traj.passed else "red" if not traj.outcome.is_infra_fault else "yellow"
+    reward = "-" if traj.reward is None else f"{traj.reward:g}"
+    t = traj.metadata.get("timing", {})
+    console.rule()
+    console.print(f"[bold {style}]reward {reward}  outcome {traj.outcome.value}[/]  stop: {traj.stop_reason}  "
+                  f"turns: {traj.metadata.get('turns')}  wall: {traj.wall_s:.1f} s "
+                  f"(model {t.get('generation_s', 0):.1f} s, commands {t.get('execution_s', 0):.1f} s)")  # fmt: skip
+    if traj.error:
+        console.print(f"[yellow]{traj.error}[/]")
+    errors = {k: v for k, v in traj.metadata.get("parse_outcomes", {}).items() if v and k not in ("ok",)}
+    if errors:
+        console.print(f"parse outcomes: {errors}")
+    console.print(f"trajectory: {out / 'agent' / 'trajectory.json'} (ATIF), {out / 'agent' / 'reterm_trajectory.json'}")
+    return 3 if traj.outcome.is_infra_fault else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``reterm run`` entry point (see the module docstring). Returns the exit status."""
+    args = _parser().parse_args(argv)
+    for kv in args.policy_arg:
+        if "=" not in kv:
+            print(f"reterm run: --policy-arg {kv!r} is not KEY=VALUE", file=sys.stderr)
+            return 2
+    try:
+        resolve_task_dir(args.task)
+        return asyncio.run(_run(args))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"reterm run: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,80 @@
+"""The Harbor adapter and the `reterm run` command (issue 4, items 6 and 7): real `harbor run` jobs
+with ReTermAgent on the local sandbox, and the CLI on a suite task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reterm.agent.atif import from_atif, trajectory_from_trial
+from reterm.agent.cli import main as run_main
+from reterm.trajectory import Outcome, Trajectory
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE_TASK = REPO / "tasks" / "semver-sort"
+HELLO_TASK = REPO / "tests" / "fixtures" / "tasks" / "hello-file"
+
+
+def _harbor_run(tmp_path: Path, task: Path, *agent_kwargs: str) -> Path:
+    args = [str(Path(sys.executable).parent / "harbor"), "run", "-p", str(task),
+            "-a", "reterm.agent.harbor:ReTermAgent", "-e", "reterm.sandbox.local:LocalEnvironment",
+            "-o", str(tmp_path / "jobs"), "-y"]  # fmt: skip
+    for kv in agent_kwargs:
+        args += ["--ak", kv]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    trials = [p.parent for p in (tmp_path / "jobs").glob("*/*/result.json")]
+    assert len(trials) == 1, list((tmp_path / "jobs").rglob("*"))
+    return trials[0]
+
+
+@pytest.mark.slow
+def test_harbor_adapter_oracle_gets_reward_1_on_a_suite_task(tmp_path):
+    trial = _harbor_run(tmp_path, SUITE_TASK, "policy=oracle")
+    result = json.loads((trial / "result.json").read_text())
+    assert result["verifier_result"]["rewards"]["reward"] == 1.0 and result["exception_info"] is None
+    assert result["agent_info"]["name"] == "reterm"
+    assert result["agent_result"]["metadata"]["stop_reason"] == "submitted"
+    own = Trajectory.load(trial / "agent" / "reterm_trajectory.json")
+    assert from_atif(trial / "agent" / "trajectory.json") == own  # ATIF in the trial folder, lossless
+    assert own.outcome is Outcome.PENDING  # Harbor verifies; the agent does not
+    traj = trajectory_from_trial(trial)
+    assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0 and traj.task_id == "semver-sort"
+    assert traj.steps[-1].action.tool == "submit" and all(s.exit_status == 0 for s in traj.steps[:-1])
+
+
+@pytest.mark.slow
+def test_harbor_adapter_endpoint_fault_is_recorded_as_a_fault(tmp_path):
+    trial = _harbor_run(tmp_path, HELLO_TASK, "policy=openai:no-such-model", "base_url=http://127.0.0.1:9/v1",
+                        'policy_kwargs={"max_retries": 0}')  # fmt: skip
+    result = json.loads((trial / "result.json").read_text())
+    assert result["exception_info"]["exception_type"] == "EpisodeFault"
+    assert result["exception_info"]["exception_message"].startswith("endpoint_error:")
+    traj = trajectory_from_trial(trial)
+    assert traj.outcome is Outcome.ENDPOINT_ERROR and traj.reward is None  # never scored
+
+
+def test_reterm_run_cli_oracle_on_a_suite_task(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = run_main([str(SUITE_TASK), "--policy", "oracle", "--env", "local", "--output", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed[-3000:]
+    assert "reward 1" in printed and "outcome success" in printed
+    assert "$ python3 /app/semver_sort.py < /app/versions.txt" in printed and "[exit status: 0]" in printed
+    traj = Trajectory.load(out / "agent" / "reterm_trajectory.json")
+    assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0
+    assert from_atif(out / "agent" / "trajectory.json") == traj
+    assert (out / "verifier").is_dir()
+
+
+def test_reterm_run_cli_bad_arguments(tmp_path, capsys):
+    assert run_main([str(tmp_path / "nope")]) == 2
+    assert "not a task folder" in capsys.readouterr().err
+    assert run_main([str(HELLO_TASK), "--env", "no-such-env", "--policy", "oracle", "--output", str(tmp_path / "o")]) == 2
+    assert "no-such-env" in capsys.readouterr().err
