@@ -189,6 +189,8 @@ def stage(
         _place(folder / rel, stage_dir / rel, allow_symlink)
     (stage_dir / "README.md").write_text(readme, encoding="utf-8")
     extra = ["README.md"]
+    if kind == "space":
+        extra += _stage_kit_for_space(stage_dir, set(files), allow_symlink, notes)
     if kind == "model":
         from model_card.inputs import load_recipe
 
@@ -209,6 +211,29 @@ def stage(
     all_files = sorted(set(files) | set(extra))
     size = sum((stage_dir / f).stat().st_size for f in all_files)
     return Staged(stage_dir, all_files, card, card.get("sdk") if kind == "space" else None, size, notes)
+
+
+# What a Space needs of the kit next to app.py: the library, the task suite (live mode) and eval/ (its
+# metrics classify Harbor trials when a job folder is replayed). app.py puts its own folder on sys.path.
+SPACE_KIT_DIRS = ("reterm", "eval", "tasks")
+
+
+def _stage_kit_for_space(stage_dir: Path, space_files: set[str], allow_symlink: bool, notes: list[str]) -> list[str]:
+    """Place the kit's ``reterm/``, ``eval/`` and ``tasks/`` in a staged Space (the Hub has no ``reterm``
+    package to install). Files the Space folder itself holds win. Returns the staged relative paths."""
+    root = Path(__file__).resolve().parent.parent
+    staged: list[str] = []
+    for name in SPACE_KIT_DIRS:
+        src = root / name
+        if not src.is_dir():
+            notes.append(f"{name}/ not found next to the reterm package: the Space will lack it")
+            continue
+        for rel in select_files(src, None, ["__pycache__/*", "*.pyc", "*/__pycache__/*"]):
+            dest = f"{name}/{rel}"
+            if dest not in space_files:
+                _place(src / rel, stage_dir / dest, allow_symlink)
+                staged.append(dest)
+    return staged
 
 
 def _render_card(kind: str, folder: Path, repo_id: str, options: dict[str, Any]) -> str:

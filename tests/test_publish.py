@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -350,9 +351,21 @@ def test_publish_space_then_hf_download(hub, runs, tmp_path):
     repo = f"{USER}/ReTerm-demo"
     runs.publish("space", "--repo-id", repo, "--folder", FIXTURES / "space")
     assert hub.repo(repo, "space")["sdk"] == "gradio"
-    downloaded = tree(runs.hf_download(repo, "space", tmp_path / "dl"))
+    out = runs.hf_download(repo, "space", tmp_path / "dl")
+    downloaded = tree(out)
     assert downloaded.pop(".gitattributes")
-    assert downloaded == tree(FIXTURES / "space")
+    own = tree(FIXTURES / "space")
+    assert {k: downloaded[k] for k in own} == own
+    # the kit travels with the Space (no `reterm` package on the Hub): library, eval and the task suite
+    kit = {k for k in downloaded if k not in own}
+    assert {k.split("/")[0] for k in kit} == {"reterm", "eval", "tasks"}
+    assert "reterm/agent/protocol.py" in kit and "tasks/splits.json" in kit
+    assert not any("__pycache__" in k for k in kit)
+    code = "import reterm.agent.protocol as p, eval.metrics as m; print(p.__file__); print(m.__file__)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=out, env={**os.environ, "PYTHONPATH": str(out)},
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert all(Path(f).resolve().is_relative_to(out.resolve()) for f in r.stdout.split()), r.stdout
 
 
 def test_publish_without_a_token_says_how_to_log_in(hub, env, tmp_path, dataset_folder):
