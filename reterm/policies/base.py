@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
+FINISH_CONTEXT_LENGTH = "context_length"
+"""``Generation.finish_reason`` of a conversation too long for the model's context (nothing generated).
+The episode loop ends that episode as an agent failure (the agent's conversation outgrew its model),
+never as an infrastructure fault."""
+
+
 class EndpointError(RuntimeError):
     """The model server failed (after retries). An infrastructure fault, never an agent failure."""
 
@@ -27,6 +33,9 @@ class Generation:
     ``text`` is the raw text as the model wrote it (tool-call markup included, template's end-of-turn
     token excluded). Token counts are ``None`` when the backend does not report them.
     ``token_ids``/``logprobs`` are filled by backends that can (used by GRPO and Harbor rollout details).
+    ``finish_reason``: ``"stop"`` (end of turn), ``"length"`` (token limit), :data:`FINISH_CONTEXT_LENGTH`
+    (the prompt left no room in the model's context: ``text`` is empty, nothing was generated), or the
+    server's own value for endpoints.
     """
 
     text: str

@@ -1,0 +1,317 @@
+"""``reterm serve MODEL``: a local model behind an OpenAI-compatible chat-completions API.
+
+So that Harbor's own agents (Terminus-2 through litellm's ``hosted_vllm/NAME``) and any OpenAI client
+can use a model of this kit (the embedded SmolLM2, a trained checkpoint, a PEFT adapter) with the same
+prompt rendering as ReTerm's harness: generation goes through
+:class:`~reterm.policies.transformers_policy.TransformersPolicy`.
+
+Why not ``transformers serve`` (transformers 5.24's CLI; tried here offline on the embedded model's
+folder, where it loads and answers ``/v1/chat/completions`` with tools): it pins the served model to
+its path and refuses requests whose ``model`` differs, while Harbor's ``hosted_vllm/NAME`` needs a NAME
+of letters, digits, ``.-_`` only (``harbor.llms.utils.validate_hosted_vllm_model_config``), so
+Terminus-2 cannot address a local folder; it ignores ``logprobs`` and has no ``return_token_ids``
+(Harbor's ``collect_rollout_details`` needs both); it silently ignores ``n``; it drops an assistant
+message's text when the message has tool calls (our histories keep reasoning there); and it cannot
+load a Qwen3.5 checkpoint text-only or apply a PEFT adapter. This server is small and written for the
+kit; it uses FastAPI and uvicorn (installed with gradio).
+
+API (the subset agents use, vLLM-compatible where OpenAI's is silent):
+- ``GET /health`` (``status`` plus counts of requests, conversations and generate batches), ``GET /v1/models``.
+- ``POST /v1/chat/completions``: ``messages``, ``tools`` (rendered by the chat template; ``tool_choice:
+  "none"`` leaves them out), ``temperature``, ``top_p``, ``max_completion_tokens``/``max_tokens``,
+  ``n``, ``logprobs``, ``chat_template_kwargs`` and ``return_token_ids`` (vLLM extensions: the response
+  then has ``prompt_token_ids`` and each choice ``token_ids``). Any ``model`` name is accepted (one
+  model is served). The reply's ``content`` is the model's raw text with its tool-call markup, as vLLM
+  returns it without ``--enable-auto-tool-choice``; no structured ``tool_calls`` are produced.
+  ``stream: true`` is refused (400). A prompt longer than the context gets vLLM's 400 "maximum
+  context length" error. ``seed`` is ignored (requests share batches).
+- Requests that arrive within ``--batch-wait-ms`` of each other and share sampling parameters and tools
+  are generated as one batch (up to ``--max-batch`` conversations).
+"""
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
+from reterm.policies.sampling import SamplingParams
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+MAX_N = 16
+
+
+def served_name(model: str) -> str:
+    """A model name Harbor's ``hosted_vllm/NAME`` accepts (letters, digits, ``.-_``; under 64 chars):
+    ``smollm2`` for the embedded model, else the last path component with other characters as ``-``."""
+    base = Path(model.rstrip("/")).name or "model"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-") or "model"
+    return name[:63]
+
+
+class RequestError(ValueError):
+    """A bad request (answered with HTTP 400)."""
+
+
+@dataclass
+class _Job:
+    key: tuple
+    sampling: SamplingParams
+    logprobs: bool
+    template_kwargs: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+    conversations: list[list[dict[str, Any]]]
+    future: asyncio.Future = field(repr=False)
+
+
+class Server:
+    """The request batcher and the FastAPI app around one :class:`TransformersPolicy`.
+
+    Args:
+        policy: the loaded policy (its sampling/logprobs/template settings are set per batch).
+        name: the served model name (reported by ``/v1/models`` and in responses).
+        max_batch: at most this many conversations per generate call.
+        batch_wait_s: how long the batcher waits for more requests after the first one.
+    """
+
+    def __init__(self, policy: Any, name: str, max_batch: int = 16, batch_wait_s: float = 0.01) -> None:
+        self.policy, self.name = policy, name
+        self.max_batch, self.batch_wait_s = max(1, max_batch), batch_wait_s
+        self.default_sampling: SamplingParams = policy.sampling
+        self.default_template_kwargs = dict(policy.chat_template_kwargs)
+        self.stats = {"requests": 0, "conversations": 0, "batches": 0}
+        self._queue: asyncio.Queue[_Job] | None = None
+        self._worker: asyncio.Task | None = None
+
+    # ----------------------------------------------------------------------------- batching
+    async def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            jobs = [await self._queue.get()]
+            await asyncio.sleep(self.batch_wait_s)
+            while not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+            while jobs:
+                key = jobs[0].key
+                group, rest, size = [], [], 0
+                for job in jobs:
+                    if job.key == key and (not group or size + len(job.conversations) <= self.max_batch):
+                        group.append(job)
+                        size += len(job.conversations)
+                    else:
+                        rest.append(job)
+                jobs = rest
+                try:
+                    results = await asyncio.to_thread(self._generate, group)
+                except Exception as exc:  # the error goes to every request of the group
+                    for job in group:
+                        if not job.future.done():
+                            job.future.set_exception(exc)
+                    continue
+                for job in group:
+                    out, results = results[: len(job.conversations)], results[len(job.conversations) :]
+                    if not job.future.done():
+                        job.future.set_result(out)
+
+    def _generate(self, group: list[_Job]) -> list[Generation]:
+        first = group[0]
+        self.policy.sampling = first.sampling
+        self.policy.return_logprobs = first.logprobs
+        self.policy.chat_template_kwargs = first.template_kwargs
+        batch = [conv for job in group for conv in job.conversations]
+        self.stats["requests"] += len(group)
+        self.stats["conversations"] += len(batch)
+        self.stats["batches"] += 1
+        return self.policy.generate(batch, first.tools or [])
+
+    async def submit(self, job: _Job) -> list[Generation]:
+        """Queue a job and wait for its generations."""
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._worker = asyncio.create_task(self._work())
+        await self._queue.put(job)
+        return await job.future
+
+    # ----------------------------------------------------------------------------- requests
+    def parse(self, body: Any) -> _Job:
+        """Validate a chat-completions request body into a job. Raises :class:`RequestError`."""
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        if body.get("stream"):
+            raise RequestError("stream=true is not supported by reterm serve; send stream=false")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
+                                                                      for m in messages):  # fmt: skip
+            raise RequestError("`messages` must be a non-empty list of objects with a `role`")
+        n = body.get("n") or 1
+        if not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise RequestError(f"`n` must be an integer in [1, {MAX_N}], got {n!r}")
+        d = self.default_sampling
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or d.max_new_tokens
+        try:
+            sampling = replace(
+                d,
+                temperature=float(body["temperature"]) if body.get("temperature") is not None else d.temperature,
+                top_p=float(body["top_p"]) if body.get("top_p") is not None else d.top_p,
+                max_new_tokens=int(max_tokens),
+            )
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"bad sampling parameter: {exc}") from exc
+        tools = body.get("tools") or None
+        if body.get("tool_choice") == "none":
+            tools = None
+        if tools is not None and not isinstance(tools, list):
+            raise RequestError("`tools` must be a list")
+        template_kwargs = dict(self.default_template_kwargs)
+        extra = body.get("chat_template_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise RequestError("`chat_template_kwargs` must be an object")
+        template_kwargs.update(extra)
+        logprobs = bool(body.get("logprobs"))
+        key = (sampling, logprobs, json.dumps(template_kwargs, sort_keys=True), json.dumps(tools, sort_keys=True))
+        loop = asyncio.get_running_loop()
+        return _Job(key, sampling, logprobs, template_kwargs, tools, [messages] * n, loop.create_future())
+
+    def response(self, body: dict[str, Any], generations: list[Generation]) -> dict[str, Any]:
+        """The ChatCompletion JSON for a request's generations."""
+        tok = self.policy.tokenizer
+        want_ids = bool(body.get("return_token_ids"))
+        choices = []
+        for i, g in enumerate(generations):
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": {"role": "assistant", "content": g.text, "tool_calls": None},
+                "finish_reason": g.finish_reason,
+                "logprobs": None,
+            }
+            if g.logprobs is not None and g.token_ids is not None:
+                content = []
+                for tid, lp in zip(g.token_ids, g.logprobs):
+                    piece = tok.decode([tid], skip_special_tokens=False)
+                    content.append({"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []})
+                choice["logprobs"] = {"content": content}
+            if want_ids:
+                choice["token_ids"] = g.token_ids
+            choices.append(choice)
+        prompt_tokens = generations[0].prompt_tokens or 0
+        completion = sum(g.completion_tokens or 0 for g in generations)
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                      "total_tokens": prompt_tokens + completion},  # fmt: skip
+        }
+        if want_ids:
+            out["prompt_token_ids"] = generations[0].extra.get("prompt_token_ids")
+        return out
+
+    def app(self):
+        """The FastAPI application."""
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(title="reterm serve", version="1")
+
+        def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+            return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+        @app.get("/health")
+        async def health() -> dict[str, Any]:
+            return {"status": "ok", **self.stats}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "reterm",
+                                                "max_model_len": self.policy.max_context}]}  # fmt: skip
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            try:
+                body = await request.json()
+            except ValueError:
+                return error(400, "the request body is not JSON")
+            try:
+                job = self.parse(body)
+                generations = await self.submit(job)
+            except (RequestError, ValueError, TypeError, KeyError) as exc:
+                return error(400, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # a fault of the server itself
+                return error(500, f"{type(exc).__name__}: {exc}", "server_error")
+            if generations and generations[0].finish_reason == FINISH_CONTEXT_LENGTH:
+                return error(400, f"This model's maximum context length is {self.policy.max_context} tokens. "
+                             f"However, your messages resulted in {generations[0].prompt_tokens} tokens.")  # fmt: skip
+            return self.response(body, generations)
+
+        return app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``reterm serve`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="reterm serve",
+        description="Serve a local model behind an OpenAI-compatible /v1/chat/completions API "
+        "(for Harbor's Terminus-2 via litellm hosted_vllm/NAME, or any OpenAI client).",
+    )
+    p.add_argument("model", help="'smollm2' (the embedded default), a local checkpoint folder or a Hub id "
+                   "(an 'hf:' prefix is accepted)")  # fmt: skip
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
+    p.add_argument("--served-model-name", help="name reported to clients (default: derived from MODEL)")
+    p.add_argument("--adapter", help="a PEFT adapter folder applied on top of MODEL")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--max-context", type=int, help="context length in tokens (default: the model's)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="default max tokens per reply (default 1024)")
+    p.add_argument("--temperature", type=float, default=0.7, help="default temperature (default 0.7)")
+    p.add_argument("--top-p", type=float, default=0.95, help="default top_p (default 0.95)")
+    p.add_argument("--enable-thinking", choices=["true", "false"], help="chat template's enable_thinking (Qwen3.5)")
+    p.add_argument("--max-batch", type=int, default=16, help="most conversations per generate call (default 16)")
+    p.add_argument("--batch-wait-ms", type=float, default=10.0, help="wait for more requests before a batch (ms)")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load the model and serve it until interrupted. Returns the exit status."""
+    args = build_parser().parse_args(argv)
+    import uvicorn
+
+    from reterm.policies.transformers_policy import TransformersPolicy
+
+    model = args.model.removeprefix("hf:")
+    thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
+    print(f"[reterm serve] loading {model} ...", file=sys.stderr, flush=True)
+    policy = TransformersPolicy(
+        model, adapter=args.adapter, dtype=args.dtype, device=args.device, max_context=args.max_context,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens),
+        enable_thinking=thinking,
+    )  # fmt: skip
+    name = args.served_model_name or served_name(model)
+    server = Server(policy, name, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000)
+    base = f"http://{args.host}:{args.port}/v1"
+    info = json.dumps({"max_input_tokens": policy.max_context, "max_output_tokens": args.max_new_tokens,
+                       "input_cost_per_token": 0.0, "output_cost_per_token": 0.0})  # fmt: skip
+    print(
+        f"[reterm serve] {name} ({policy.model_path}, {policy.device}, {policy.dtype}) at {base}\n"
+        f"  openai:  OpenAI(base_url='{base}', api_key='EMPTY').chat.completions.create(model='{name}', ...)\n"
+        f"  reterm:  --policy openai:{name} (base_url={base})\n"
+        f"  harbor:  -a terminus-2 -m hosted_vllm/{name} --ak api_base={base} --ak 'model_info={info}'",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(server.app(), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
