@@ -1,6 +1,7 @@
 """Benchmark of the local sandbox (issue 2): start, exec latency, snapshot and fork vs replay fork.
 
     python bench/sandbox_fork.py [--task DIR] [--forks 8] [--mb 50] [--prefixes 10,40,160] [--json out.json]
+                                 [--rootless]
 
 Prints, in one run:
   * start time of a fresh sandbox (layers cached), median of several;
@@ -10,6 +11,8 @@ Prints, in one run:
   * the same fork done by replay (G fresh sandboxes, each re-running the N-command prefix);
   * the ratio replay / snapshot fork.
 The target (issue 2): fork of 8 from a 50 MB state under 1 s, flat in the prefix length.
+``--rootless`` measures rootless mode (``RETERM_SANDBOX_MODE=rootless``; as root it still uses cgroups,
+as another user it falls back to rlimits); the mode in use is printed first.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -81,6 +85,7 @@ async def main_async(args) -> dict:
         await env.stop()
     out["start_s_median"] = statistics.median(starts)
     async with LocalEnvironment.for_task(task) as env:
+        out["mode"], out["cgroups"] = env.box.mode, env.box.cgroups is not None
         lat = []
         for _ in range(args.execs):
             t0 = time.perf_counter()
@@ -107,9 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--execs", type=int, default=50, help="`true` execs to time")
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.add_argument("--plot", help="also draw fork time vs prefix length to this PNG file")
+    p.add_argument("--rootless", action="store_true", help="run the sandboxes in rootless mode (user namespaces)")
     args = p.parse_args(argv)
     args.prefixes = [int(x) for x in args.prefixes.split(",")]
+    if args.rootless:
+        os.environ["RETERM_SANDBOX_MODE"] = "rootless"
     r = asyncio.run(main_async(args))
+    print(f"mode: {r['mode']} ({'cgroups' if r['cgroups'] else 'no cgroups: rlimits, no freezer'}, uid {os.geteuid()})")
     print(f"fresh sandbox start (median of {args.starts}): {r['start_s_median'] * 1000:.0f} ms")
     print(f"exec `true` latency (median of {args.execs}): {r['exec_true_s_median'] * 1000:.1f} ms")
     print()

@@ -12,7 +12,7 @@ VENV="${RETERM_VENV:-$ROOT/.venv}"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. Debian packages
-APT_PKGS=(bubblewrap tmux debootstrap chromium fonts-noto-color-emoji)
+APT_PKGS=(bubblewrap tmux debootstrap fakeroot chromium fonts-noto-color-emoji)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ] && [ "${RETERM_SKIP_APT:-0}" != 1 ]; then

@@ -4,6 +4,7 @@
   ``snapshot``, ``fork``, ``from_snapshot``).
 - :mod:`reterm.sandbox.replay` — replay fork for any Harbor environment.
 - :mod:`reterm.sandbox.box` — one running sandbox (bubblewrap + overlayfs + cgroups).
+- :mod:`reterm.sandbox.rootless` — root or rootless mode (unprivileged user namespaces) and its checks.
 - :mod:`reterm.sandbox.build` / :mod:`reterm.sandbox.dockerfile` — the task layer from a Dockerfile.
 - :mod:`reterm.sandbox.base` — the cached Debian base root filesystem (debootstrap).
 - :mod:`reterm.sandbox.snapshot`, :mod:`reterm.sandbox.sweep`, :mod:`reterm.sandbox.cgroups`,

@@ -39,11 +39,13 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import os
 import queue
+import resource
 import select
 import shutil
 import signal
@@ -55,6 +57,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reterm.sandbox import rootless
 from reterm.sandbox.cgroups import Cgroups, open_cgroups
 from reterm.sandbox.paths import proc_start_time, sub
 
@@ -68,6 +71,8 @@ SANDBOX_CAPS: tuple[str, ...] = (
     "CAP_AUDIT_WRITE",
 )  # fmt: skip
 
+# Rootless mode without cgroups: each exec's processes carry this variable (see Box._kill_marked).
+EXEC_MARKER_VAR = "RETERM_EXEC_ID"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # After the main process exits, how long to keep reading output that background processes might
 # still hold open (docker exec returns when the main process exits, too).
@@ -117,6 +122,21 @@ _INIT_TEMPLATE = (
     '{{ {prep}\n}} 2>&1; echo "__reterm_ready__ $?"; exec >/dev/null 2>&1 </dev/null; '
     'trap "" TERM INT HUP QUIT USR1 USR2 PIPE; while :; do sleep 86400 & wait $!; done'
 )
+
+
+# Rootless mode, run by pid 1 before the task's prepare script: apt's download sandbox user (_apt)
+# does not exist in a one-uid user namespace, so apt keeps root (written once, into the writable layer).
+_ROOTLESS_PREPARE = (
+    f"[ -e {rootless.APT_SANDBOX_CONF} ] || {{ [ -d /etc/apt/apt.conf.d ] && "
+    f"echo '{rootless.APT_SANDBOX_LINE}' > {rootless.APT_SANDBOX_CONF}; }} 2>/dev/null\n"
+)
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
 
 
 # Build steps see the host's CA bundle here (and through SSL_CERT_FILE & co): registries behind a
@@ -275,7 +295,7 @@ def live_boxes() -> list["Box"]:
 
 
 def _host_tool(name: str) -> str:
-    path = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
+    path = rootless.host_tool(name)
     if not path:
         raise SandboxError(f"`{name}` is not installed; run scripts/setup.sh (Debian packages bubblewrap, util-linux)")
     return path
@@ -287,11 +307,13 @@ class Box:
     Attributes:
         id: 12 hex chars; the run folder is ``<cache>/sandbox/run/<id>``.
         spec: the :class:`BoxSpec` it was started with.
+        mode: ``"root"`` or ``"rootless"`` (:func:`reterm.sandbox.rootless.sandbox_mode` at start).
     """
 
-    def __init__(self, spec: BoxSpec, box_id: str):
+    def __init__(self, spec: BoxSpec, box_id: str, mode: rootless.Mode = "root"):
         self.id = box_id
         self.spec = spec
+        self.mode: rootless.Mode = mode
         self.rundir = sub("run") / box_id
         self.mnt = self.rundir / "mnt"
         self.cgroups: Cgroups | None = None
@@ -310,20 +332,34 @@ class Box:
     def start(cls, spec: BoxSpec, *, timeout: float = 20.0) -> "Box":
         """Mount the layers and start the sandbox's init. Blocking; about 25-35 ms here.
 
+        Runs in root mode or, for users without root (or with ``RETERM_SANDBOX_MODE=rootless``),
+        in an unprivileged user namespace (:mod:`reterm.sandbox.rootless`).
+
         Raises:
-            SandboxError: a tool is missing, a mount or bwrap failed (with bwrap's message).
+            SandboxError: a tool is missing, neither mode is possible here (the message says what is
+                missing; checked before anything is created), a mount or bwrap failed (with bwrap's
+                message). Nothing is left running or on disk when it raises.
         """
         from reterm.sandbox.preflight import require_capabilities_or_explain, require_root_or_explain
 
-        if os.geteuid() != 0:
-            require_root_or_explain()
-        require_capabilities_or_explain()
+        try:
+            mode = rootless.sandbox_mode()
+        except ValueError as exc:
+            raise SandboxError(f"{exc}. Nothing was started.") from None
+        if mode == "root":
+            if os.geteuid() != 0:
+                require_root_or_explain()
+            require_capabilities_or_explain()
+        else:
+            rootless.require_rootless_or_explain()
         for p in spec.lowers:
             if not Path(p).is_dir():
                 raise SandboxError(f"sandbox layer {p} does not exist")
             if any(c in str(p) for c in ":,\\"):
                 raise SandboxError(f"sandbox layer path {p} contains ':' ',' or '\\' (overlayfs cannot take it)")
-        box = cls(spec, uuid.uuid4().hex[:12])
+        if mode == "rootless":
+            rootless.check_layers_owned(list(spec.lowers))
+        box = cls(spec, uuid.uuid4().hex[:12], mode)
         try:
             box._start(timeout)
         except BaseException:
@@ -341,6 +377,10 @@ class Box:
                 pids_max=spec.pids_max,
                 cpus=spec.cpus,
             )
+        elif self.mode == "rootless":
+            _warn_once("cgroups are not writable here: rootless sandboxes limit memory and processes with rlimits "
+                       "(RLIMIT_DATA per process, RLIMIT_NPROC per sandbox and user); no CPU limit, no freeze "
+                       "during snapshots (docs/ARCHITECTURE.md, rootless mode)")
         else:
             logger.warning("cgroups are not writable here: the sandbox runs without memory/pids/cpu limits")
         self._write_state()
@@ -355,6 +395,10 @@ class Box:
             upper, work, tmpfs = self.mnt / "upper", self.mnt / "work", f"{int(spec.storage_mb)}m"
         lowerdir = ":".join(str(p) for p in spec.lowers)
         overlay = f"lowerdir={lowerdir},upperdir={upper},workdir={work},index=off,metacopy=off"
+        prepare = spec.prepare.strip() or "true"
+        if self.mode == "rootless":
+            overlay += "," + rootless.USERXATTR
+            prepare = _ROOTLESS_PREPARE + prepare
         info_r, info_w = os.pipe()
         argv = [
             _host_tool("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c", _HOLDER_SCRIPT,
@@ -362,9 +406,14 @@ class Box:
             "--unshare-uts", "--unshare-cgroup-try", "--as-pid-1", "--hostname", spec.hostname,
             "--info-fd", str(info_w),
         ]  # fmt: skip
+        if self.mode == "rootless":
+            # join the cgroups (if any) on the host side, apply the rlimit fallback, then create the
+            # user namespace (the caller becomes its uid 0) together with the private mount namespace
+            argv = ["/bin/sh", "-c", _EXEC_LAUNCH, "sh", *self._rlimit_argv(),
+                    argv[0], "--user", "--map-root-user", *argv[1:]]  # fmt: skip
         if not spec.network:
             argv.append("--unshare-net")
-        init = _INIT_TEMPLATE.format(prep=spec.prepare.strip() or "true")
+        init = _INIT_TEMPLATE.format(prep=prepare)
         argv += self._mount_args() + ["--", "/bin/bash", "-c", init]
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -391,7 +440,7 @@ class Box:
             os.close(info_r)
         self.init_pid = int(info["child-pid"])
         self._init_pidfd = os.pidfd_open(self.init_pid)
-        for ns in ("net", "uts", "ipc", "pid"):
+        for ns in ("net", "uts", "ipc", "pid") + (("user",) if self.mode == "rootless" else ()):
             self._ns_fds[ns] = os.open(f"/proc/{self.init_pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
         self._ns_fds["mnt"] = os.open(f"/proc/{self.holder.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         self._write_state()
@@ -467,9 +516,32 @@ class Box:
             args += ["--cap-add", cap]
         return args
 
+    def _rlimit_argv(self) -> list[str]:
+        """``prlimit`` arguments for the rootless fallback when cgroups are not writable (else []).
+
+        ``RLIMIT_NPROC`` counts the tasks (threads included) of uid 0 in the sandbox's own user namespace,
+        so it caps the whole sandbox like ``pids.max``; the kernel also checks it against every task
+        of the user on the host (it counts per user namespace level), so a sandbox at its cap can
+        stall the user's other sandboxes. ``RLIMIT_DATA`` caps each process's private memory (not a
+        total; the tmpfs is bounded by its size instead). Values never exceed the caller's hard
+        limits (raising them needs ``CAP_SYS_RESOURCE``).
+        """
+        if self.mode != "rootless" or self.cgroups is not None:
+            return []
+        spec, out = self.spec, [_host_tool("prlimit")]
+        memory = spec.memory_mb * 2**20 if spec.memory_mb else None
+        for flag, res, value in (("--nproc", resource.RLIMIT_NPROC, spec.pids_max),
+                                 ("--data", resource.RLIMIT_DATA, memory)):  # fmt: skip
+            if value:
+                hard = resource.getrlimit(res)[1]
+                v = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                out.append(f"{flag}={v}:{v}")
+        return out + ["--"] if len(out) > 1 else []
+
     def _write_state(self) -> None:
         state = {
             "id": self.id,
+            "mode": self.mode,
             "owner_pid": os.getpid(),
             "owner_start": proc_start_time(os.getpid()),
             "holder_pid": self.holder.pid if self.holder else None,
@@ -498,9 +570,15 @@ class Box:
 
     def _exec_argv(self, inner: list[str], pidns_fd: int) -> list[str]:
         fds = self._ns_fds
+        # rootless: enter the user namespace first, keeping our ids (the caller is uid 0 in it, and
+        # setgroups, which nsenter would call to switch ids, is denied under a one-uid mapping)
+        userns = [f"--user=/proc/self/fd/{fds['user']}", "--preserve-credentials"] if "user" in fds else []
+        # rootless with the host's network (build steps): that namespace is the host's, which the
+        # exec already is in and has no right to re-enter
+        net = [] if (userns and self.spec.network) else [f"--net=/proc/self/fd/{fds['net']}"]
         return [
-            "/bin/sh", "-c", _EXEC_LAUNCH, "sh",
-            _host_tool("nsenter"), f"--mount=/proc/self/fd/{fds['mnt']}", f"--net=/proc/self/fd/{fds['net']}",
+            "/bin/sh", "-c", _EXEC_LAUNCH, "sh", *self._rlimit_argv(), _host_tool("nsenter"), *userns,
+            f"--mount=/proc/self/fd/{fds['mnt']}", *net,
             f"--uts=/proc/self/fd/{fds['uts']}", f"--ipc=/proc/self/fd/{fds['ipc']}", "--",
             _host_tool("bwrap"), "--pidns", str(pidns_fd), "--unshare-cgroup-try", *self._mount_args(),
             "--chdir", "/", "--", *inner,
@@ -544,6 +622,10 @@ class Box:
         pass_fds = (pidns, *self._ns_fds.values())
         argv = self._exec_argv(inner, pidns)
         penv = {**env, "RETERM_CG": " ".join(map(str, cg_files))}
+        marker = None
+        if child is None and self.mode == "rootless":  # no per-exec cgroup: mark the tree (see _kill_marked)
+            marker = f"{self.id}-{next(self._exec_counter)}"
+            penv[EXEC_MARKER_VAR] = marker
         stdin_file = None
         try:
             if isinstance(stdin, Path):
@@ -557,8 +639,14 @@ class Box:
                 )  # fmt: skip
             finally:
                 os.close(pidns)
+            if child is not None:
+                kill = child.kill_all
+            elif marker is not None:
+                kill = functools.partial(self._kill_marked, marker, proc.pid)
+            else:
+                kill = None
             result = await self._collect(proc, stdin if isinstance(stdin, bytes) else None, timeout,
-                                         max_output_bytes, on_output, child)  # fmt: skip
+                                         max_output_bytes, on_output, kill)  # fmt: skip
             if out_file:
                 out_file.close()
             return result
@@ -568,7 +656,52 @@ class Box:
             if child is not None:
                 child.remove()  # only empty ones go; a background daemon keeps its cgroup until close()
 
-    async def _collect(self, proc, stdin_data, timeout, limit, on_output, child) -> RawResult:
+    def _kill_marked(self, marker: str, root_pid: int, rounds: int = 100) -> None:
+        """Kill one exec's process tree without cgroups (rootless fallback).
+
+        SIGKILLs, until none is left, every descendant of the exec's host-side process ``root_pid``
+        and every process of this sandbox (same pid namespace) whose environment carries
+        ``RETERM_EXEC_ID=<marker>``, which reaches double-forked daemons too. A process that replaced
+        its whole environment (``env -i``) and left the tree escapes, and lives until the sandbox stops.
+        """
+        try:
+            ns = os.fstat(self._ns_fds["pid"]).st_ino
+        except (KeyError, OSError):
+            return
+        needle = b"\0" + f"{EXEC_MARKER_VAR}={marker}".encode() + b"\0"
+        for _ in range(rounds):
+            children: dict[int, list[int]] = {}
+            marked: set[int] = set()
+            for d in os.scandir("/proc"):
+                if not d.name.isdigit():
+                    continue
+                pid = int(d.name)
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+                    if state in ("Z", "X"):  # dead already, waiting to be reaped
+                        continue
+                    children.setdefault(int(ppid), []).append(pid)
+                    if pid != self.init_pid and os.stat(f"/proc/{pid}/ns/pid").st_ino == ns:
+                        if needle in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
+                            marked.add(pid)
+                except (OSError, ValueError, IndexError):
+                    continue
+            tree, todo = set(), [root_pid]
+            while todo:
+                for c in children.get(todo.pop(), []):
+                    if c not in tree:
+                        tree.add(c)
+                        todo.append(c)
+            victims = (tree | marked) - {self.init_pid}
+            if not victims:
+                return
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+
+    async def _collect(self, proc, stdin_data, timeout, limit, on_output, kill) -> RawResult:
         out, err = _Capped(limit), _Capped(limit)
 
         async def pump(stream, buf: _Capped, name: str) -> None:
@@ -601,14 +734,14 @@ class Box:
             await asyncio.wait_for(_wait_exit(proc), timeout=timeout)
         except asyncio.TimeoutError:
             timed_out = True
-            if child is not None:
-                await asyncio.to_thread(child.kill_all)
+            if kill is not None:
+                await asyncio.to_thread(kill)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await _wait_exit(proc)
         except BaseException:  # cancelled: do not leave the command running
-            if child is not None:
-                await asyncio.to_thread(child.kill_all)
+            if kill is not None:
+                await asyncio.to_thread(kill)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             raise
@@ -653,7 +786,9 @@ class Box:
         """Copy the writable layer to host folder ``dest`` (created) while the sandbox is frozen.
 
         The copy keeps overlay whiteouts and opaque-directory xattrs (``cp -a`` as root), so ``dest``
-        can serve as a read-only lower layer. Returns the seconds the sandbox was frozen.
+        can serve as a read-only lower layer. Returns the seconds the sandbox was frozen (or, without
+        a cgroup freezer, as in rootless mode on a host without delegated cgroups, the seconds the
+        copy took while its processes kept running).
 
         Raises:
             SandboxError: the copy failed.
@@ -666,11 +801,14 @@ class Box:
         t0 = time.monotonic()
         try:
             # Run cp inside the holder's mount namespace, where the tmpfs is mounted.
+            # rootless: enter the sandbox's user namespace first (it owns the mount namespace)
+            userns = ([f"--user=/proc/self/fd/{self._ns_fds['user']}", "--preserve-credentials"]
+                      if "user" in self._ns_fds else [])
             r = subprocess.run(
-                [_host_tool("nsenter"), f"--mount=/proc/self/fd/{self._ns_fds['mnt']}", "--",
+                [_host_tool("nsenter"), *userns, f"--mount=/proc/self/fd/{self._ns_fds['mnt']}", "--",
                  "cp", "-a", f"{src}/.", str(dest)],
-                pass_fds=(self._ns_fds["mnt"],), capture_output=True, text=True,
-                env={"PATH": "/usr/bin:/bin"},
+                pass_fds=(self._ns_fds["mnt"], *([self._ns_fds["user"]] if userns else [])),
+                capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
             )  # fmt: skip
         finally:
             if frozen:

@@ -21,8 +21,8 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
-import shutil
 import tarfile
 import tempfile
 import time
@@ -36,13 +36,17 @@ from harbor.environments.base import SandboxBuildFailedError
 from reterm.sandbox import dockerfile as df
 from reterm.sandbox.base import BaseImage
 from reterm.sandbox.box import CA_ENV_VARS, DEFAULT_PATH, HOST_CA_PATH, Box, BoxSpec, host_ca_bundle
-from reterm.sandbox.paths import file_lock, sub
+from reterm.sandbox.paths import file_lock, rmtree_writable, sub
+from reterm.sandbox.rootless import sandbox_mode
 
 logger = logging.getLogger(__name__)
 
 # Bump when the build procedure changes the resulting layer.
 BUILD_VERSION = 1
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+# What a build step prints when it hits the one-uid mapping of rootless mode.
+_ONE_UID_SYMPTOMS = re.compile(r"(chown|chgrp|ownership|setgroups|setresuid|setresgid|seteuid|_apt)\b.*"
+                               r"(Invalid argument|Operation not permitted)|invalid (user|group)", re.I)
 _PYTHON_ALIASES = (
     "ln -sf /usr/bin/python3 /usr/local/bin/python && ln -sf /usr/bin/pip3 /usr/local/bin/pip && "
     "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
@@ -121,9 +125,12 @@ def context_files(context: Path) -> list[Path]:
 
 
 def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> str:
-    """Cache key of a task layer: sha256 over base key, build version, Dockerfile and context files."""
+    """Cache key of a task layer: sha256 over base key, build version, Dockerfile and context files
+    (and the mode, in rootless mode only: root-mode keys are unchanged)."""
     h = hashlib.sha256()
     h.update(json.dumps([BUILD_VERSION, base.key]).encode())
+    if sandbox_mode() == "rootless":  # user.overlay.* xattrs and the caller's ownership: a layer of its own
+        h.update(b"rootless")
     h.update(dockerfile_text.encode())
     if context is not None and context.is_dir():
         for rel in context_files(context):
@@ -197,7 +204,7 @@ async def ensure_layer(
         try:
             meta = await _Builder(dockerfile, context, base, tmp, log).run(instructions)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            rmtree_writable(tmp)
             raise
         meta["build_s"] = round(time.monotonic() - t0, 2)
         final = sub("layers") / key
@@ -208,7 +215,7 @@ async def ensure_layer(
         (tmp / "upper" / HOST_CA_PATH.lstrip("/")).unlink(missing_ok=True)
         os.rename(tmp / "upper", final / "root")
         (final / "meta.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(tmp, ignore_errors=True)
+        rmtree_writable(tmp)
         log(f"built task layer {key} from {dockerfile} in {meta['build_s']} s")
         return TaskLayer(key, final / "root", meta)
 
@@ -320,6 +327,11 @@ class _Builder:
         r = await self._raw(["id", "-u", self.user.split(":")[0]], user=None, cwd=None)
         if r.return_code != 0:
             raise SandboxBuildFailedError(f"{self.where(ins)}: USER {self.user}: no such user in the image")
+        if self.box.mode == "rootless" and r.stdout.strip() != b"0":
+            raise SandboxBuildFailedError(
+                f"{self.where(ins)}: USER {self.user}: a rootless sandbox maps only one uid (root inside = you "
+                "outside), so commands cannot run as another user. Run as root (sudo) for this task."
+            )
 
     async def do_shell(self, ins: df.Instruction, args: str) -> None:
         value = ins.json_args()
@@ -370,8 +382,12 @@ class _Builder:
     def _fail(self, ins: df.Instruction, what: str, r) -> None:
         tail = (r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace")).strip()[-3000:]
         hint = ""
+        if self.box is not None and self.box.mode == "rootless" and _ONE_UID_SYMPTOMS.search(tail):
+            hint += ("\n(note: rootless sandboxes map only one uid: chown to other users or groups, apt's _apt "
+                     "download user and packages shipping files owned by other users fail there; run as root "
+                     "(sudo) for this task)")  # fmt: skip
         if self.mapping and self.mapping.family != "debian":
-            hint = (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian 12 bookworm; "
+            hint += (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian 12 bookworm; "
                     "package names or versions of another distribution may not exist there)")  # fmt: skip
         raise SandboxBuildFailedError(f"{self.where(ins)}: {what} failed with exit code {r.return_code}:\n{tail}{hint}")
 

@@ -168,13 +168,24 @@ def _write(path: Path, value: str, missing_ok: bool = False) -> None:
 
 
 def _rmdir(path: Path) -> None:
+    """Remove an (empty) cgroup folder, retrying briefly on EBUSY right after its last process exits.
+
+    A cgroup that still holds processes (an exec that left ``server &`` or tmux running) is left in
+    place at once, without retrying: it is removed with the sandbox (``Cgroups.remove`` after
+    ``kill_all``) or by the sweep. Retrying there would block the event loop ~0.5 s per exec.
+    """
     for _ in range(50):
         try:
             path.rmdir()
             return
         except FileNotFoundError:
             return
-        except OSError:  # EBUSY right after the last process exits
+        except OSError:  # EBUSY: still populated, or right after the last process exits
+            try:
+                if (path / "cgroup.procs").read_text().strip():
+                    return
+            except OSError:
+                return
             time.sleep(0.01)
 
 

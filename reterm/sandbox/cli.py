@@ -1,6 +1,7 @@
 """``reterm sandbox``: prepare the local sandbox's base, sweep leftovers, list what is cached.
 
     reterm sandbox prepare [--task DIR ...]   build the Debian base (and task layers) if missing
+                                              (without root: in a user namespace, see rootless.py)
     reterm sandbox sweep [--snapshots]        remove leftovers of crashed runs (and unused snapshots)
     reterm sandbox list                       cached base, layers, snapshots and running sandboxes
     reterm sandbox exec TASK_DIR COMMAND      run one command in a fresh sandbox of a task (debugging)
@@ -71,7 +72,12 @@ def main(argv: list[str]) -> int:
         from reterm.sandbox.snapshot import list_snapshots
         from reterm.sandbox.sweep import live_sandbox_states
 
+        from reterm.sandbox.rootless import rootless_problems, sandbox_mode
+
+        mode = sandbox_mode()
+        problems = "; ".join(rootless_problems()) if mode == "rootless" else ""
         print(f"cache: {cache_root()}")
+        print(f"mode: {mode}" + (f" (cannot start here: {problems})" if problems else ""))
         for meta in sorted(sub("base").glob("*.json")):
             m = json.loads(meta.read_text())
             print(f"base {m['key']}: {m['suite']} {len(m['packages'])} packages, built in {m['build_s']} s")

@@ -16,7 +16,8 @@ directly::
 
 What it is (issue 2; measured figures in ``bench/sandbox_fork.py``, limits in docs/ARCHITECTURE.md):
 bubblewrap namespaces over overlayfs layers (Debian base from debootstrap, the task's build layer,
-snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network. It is not a VM
+snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network; as root, or without
+root in an unprivileged user namespace (rootless mode, :mod:`reterm.sandbox.rootless`). It is not a VM
 and not the task's own image: ``FROM debian|ubuntu|python`` map onto one Debian 12 base.
 
 Network policy (Harbor's ``NetworkPolicy``): trials always run without a network (only ``lo``; a
@@ -32,7 +33,6 @@ import asyncio
 import logging
 import os
 import shlex
-import shutil
 import tarfile
 import tempfile
 import time
@@ -52,6 +52,8 @@ from reterm.sandbox import snapshot as snapmod
 from reterm.sandbox.base import ensure_base
 from reterm.sandbox.box import DEFAULT_PATH, Box, BoxSpec, ExecTimeoutError, SandboxError
 from reterm.sandbox.build import TaskLayer, ensure_layer
+from reterm.sandbox.paths import rmtree_writable
+from reterm.sandbox.rootless import sandbox_mode
 from reterm.sandbox.snapshot import Snapshot
 from reterm.sandbox.sweep import sweep_once
 
@@ -124,14 +126,17 @@ class LocalEnvironment(BaseEnvironment):
     def preflight(cls, kwargs: dict[str, Any] | None = None) -> None:
         super().preflight(kwargs)
         from reterm.sandbox.preflight import missing_tools, require_root_or_explain
+        from reterm.sandbox.rootless import require_rootless_or_explain
 
         if missing := missing_tools():
             raise SystemExit(f"the local sandbox needs: {', '.join(missing)} (run scripts/setup.sh)")
-        if os.geteuid() != 0:
-            try:
+        try:
+            if sandbox_mode() == "rootless":
+                require_rootless_or_explain()
+            elif os.geteuid() != 0:
                 require_root_or_explain()
-            except SandboxError as exc:
-                raise SystemExit(str(exc)) from None
+        except (SandboxError, ValueError) as exc:
+            raise SystemExit(str(exc)) from None
 
     def _validate_definition(self) -> None:
         if self._snapshot is not None:
@@ -260,6 +265,12 @@ class LocalEnvironment(BaseEnvironment):
         await asyncio.to_thread(sweep_once)
         if self._snapshot is not None:
             meta = self._snapshot.meta
+            if (snap_mode := meta.get("mode", "root")) != (mode := sandbox_mode()):
+                raise SandboxError(
+                    f"snapshot {self._snapshot.id} was taken in {snap_mode} mode and this process runs sandboxes "
+                    f"in {mode} mode (RETERM_SANDBOX_MODE): its layers cannot be shared between the two. "
+                    "Nothing was started."
+                )
             lowers = self._snapshot.lowers
             self._image_user, self._image_env = meta.get("image_user"), dict(meta.get("image_env", {}))
             layer_workdir = meta.get("layer_workdir")
@@ -315,7 +326,7 @@ class LocalEnvironment(BaseEnvironment):
         sandbox cannot be resumed; ``delete`` is accepted for Harbor). Idempotent."""
         await self._close()
         for d in self._owned_dirs:
-            shutil.rmtree(d, ignore_errors=True)
+            rmtree_writable(d)
         self._owned_dirs = []
 
     # ---------------------------------------------------------------------------- exec
@@ -442,7 +453,8 @@ class LocalEnvironment(BaseEnvironment):
         """Freeze the sandbox's current files into a stored :class:`Snapshot`; the sandbox keeps running.
 
         The sandbox's processes are paused (cgroup freezer) during the copy of its writable layer
-        (about 50-100 ms for 50 MB here). Release the snapshot with ``snap.release()`` when done;
+        (about 50-100 ms for 50 MB here; rootless mode without cgroups copies while they run, see
+        docs/ARCHITECTURE.md). Release the snapshot with ``snap.release()`` when done;
         forks started from it keep it alive until they stop.
 
         Args:
@@ -459,7 +471,7 @@ class LocalEnvironment(BaseEnvironment):
                     lease = snapmod.take_lease(snapmod.sub("snapshots") / p, f"snap-{sid}")
                     lease.write_text('{"child_snapshot": "%s"}' % sid)
             meta = {
-                "id": sid, "created": time.time(), "source": self.session_id,
+                "id": sid, "created": time.time(), "source": self.session_id, "mode": box.mode,
                 "lowers": [str(p) for p in box.spec.lowers], "parents": parents,
                 "copy_s": round(frozen_s, 4), "size_bytes": snapmod.dir_size(path / "files"),
                 "environment_dir": str(self.environment_dir), "environment_name": self.environment_name,
@@ -470,7 +482,7 @@ class LocalEnvironment(BaseEnvironment):
             }  # fmt: skip
             snapmod.write_meta(path, meta)
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            rmtree_writable(path)
             raise
         return Snapshot(sid, path, meta)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +90,19 @@ def proc_start_time(pid: int, stat: str | None = None) -> int | None:
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
     fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19])
+
+
+def rmtree_writable(path: Path) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` that also removes folders left without read, write
+    or search permission, which stop a non-root owner (overlayfs leaves its ``work/work`` folder with
+    mode 000; an agent may ``chmod 000`` a folder that a snapshot then copies). As root the first
+    pass removes everything."""
+    for _ in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        for dirpath, dirnames, _ in os.walk(path):  # give the owner back its permissions, then retry
+            for d in [dirpath, *(os.path.join(dirpath, n) for n in dirnames)]:
+                if not os.path.islink(d):
+                    with contextlib.suppress(OSError):
+                        os.chmod(d, 0o700)

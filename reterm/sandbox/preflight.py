@@ -5,9 +5,7 @@ instead of half-starting.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
-import subprocess
 from pathlib import Path
 
 _TOOLS = {"bwrap": "bubblewrap", "unshare": "util-linux", "nsenter": "util-linux", "debootstrap": "debootstrap"}
@@ -33,44 +31,6 @@ def missing_capabilities() -> list[str]:
     return []
 
 
-def userns_status() -> dict[str, str | bool]:
-    """What an unprivileged user would need for a user-namespace sandbox, measured on this host.
-
-    Keys: ``userns`` (can create a user namespace), ``overlay_in_userns`` (kernel >= 5.11),
-    ``subuid`` (a /etc/subuid range for the user), ``newuidmap`` (uidmap package),
-    ``detail`` (one line per missing piece).
-    """
-    user = pwd.getpwuid(os.geteuid()).pw_name
-    status: dict[str, str | bool] = {}
-    try:
-        r = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True, text=True, timeout=10)
-        status["userns"] = r.returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        status["userns"] = False
-    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
-    status["overlay_in_userns"] = (major, minor) >= (5, 11)
-    status["newuidmap"] = bool(shutil.which("newuidmap")) and bool(shutil.which("newgidmap"))
-    try:
-        status["subuid"] = any(
-            line.split(":")[0] in (user, str(os.geteuid())) for line in Path("/etc/subuid").read_text().splitlines()
-        )
-    except OSError:
-        status["subuid"] = False
-    detail = []
-    if not status["userns"]:
-        detail.append("unprivileged user namespaces are disabled (sysctl user.max_user_namespaces / "
-                      "kernel.unprivileged_userns_clone, or an AppArmor restriction)")  # fmt: skip
-    if not status["overlay_in_userns"]:
-        detail.append(f"kernel {os.uname().release} is older than 5.11 (no overlayfs inside a user namespace)")
-    if not status["newuidmap"]:
-        detail.append("newuidmap/newgidmap are missing (Debian package `uidmap`)")
-    if not status["subuid"]:
-        detail.append(f"no subordinate uid range for {user} in /etc/subuid and /etc/subgid "
-                      f"(e.g. `{user}:100000:65536`)")  # fmt: skip
-    status["detail"] = "; ".join(detail)
-    return status
-
-
 def require_capabilities_or_explain() -> None:
     """Raise :class:`SandboxError` when running as root without the capabilities the sandbox needs
     (e.g. inside an unprivileged container)."""
@@ -80,28 +40,20 @@ def require_capabilities_or_explain() -> None:
         raise SandboxError(
             f"the local sandbox runs as root but this process lacks {', '.join(missing)} (mount namespaces, "
             "overlayfs and user switching need them; an unprivileged container drops them). Run it on the host "
-            "or in a privileged container. Nothing was started."
+            "or in a privileged container, or try RETERM_SANDBOX_MODE=rootless (a user namespace). "
+            "Nothing was started."
         )
 
 
 def require_root_or_explain() -> None:
-    """Raise :class:`SandboxError` explaining what a non-root caller is missing.
+    """Raise :class:`SandboxError`: root mode was asked for (``RETERM_SANDBOX_MODE=root``) without root.
 
-    The sandbox runs as real root (CI and these machines). Without root it would need a user
-    namespace with a full uid map (so that the base's files owned by root, _apt, ... stay
-    distinct and apt/chown work inside) plus overlayfs inside that namespace. This version
-    implements the root mode only; the message lists what this host has and lacks for the
-    user-namespace mode and how to run instead.
+    Without that setting a non-root caller gets rootless mode (:mod:`reterm.sandbox.rootless`).
     """
     from reterm.sandbox.box import SandboxError
+    from reterm.sandbox.rootless import user_name
 
-    user = pwd.getpwuid(os.geteuid()).pw_name
-    st = userns_status()
-    have = [k for k in ("userns", "overlay_in_userns", "newuidmap", "subuid") if st[k]]
     raise SandboxError(
-        f"the local sandbox needs root (running as {user}, uid {os.geteuid()}). "
-        "Run the command with sudo, or use another Harbor environment (-e docker / podman). "
-        "A rootless mode would need a user namespace with a full uid map; on this host: "
-        f"present: {', '.join(have) or 'nothing'}; missing: {st['detail'] or 'nothing'}. "
-        "Nothing was started."
+        f"RETERM_SANDBOX_MODE=root needs root (running as {user_name()}): run it with sudo, or "
+        "unset RETERM_SANDBOX_MODE to use rootless mode (unprivileged user namespaces). Nothing was started."
     )

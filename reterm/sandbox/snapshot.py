@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from reterm.sandbox.paths import pid_alive, proc_start_time, sub
+from reterm.sandbox.paths import pid_alive, proc_start_time, rmtree_writable, sub
 
 
 @dataclass
@@ -141,7 +140,7 @@ def collect(snapshot_dir: Path, *, drop_stale: bool = True) -> bool:
         parents = json.loads((snapshot_dir / "meta.json").read_text()).get("parents", [])
     except (OSError, ValueError):
         pass
-    shutil.rmtree(snapshot_dir, ignore_errors=True)
+    rmtree_writable(snapshot_dir)
     for pid in parents:
         p = sub("snapshots") / pid
         (p / "leases" / f"snap-{snapshot_dir.name}").unlink(missing_ok=True)

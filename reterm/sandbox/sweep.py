@@ -12,7 +12,6 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 from reterm.sandbox.cgroups import Cgroups, find_leftover_cgroups
-from reterm.sandbox.paths import pid_alive, sub
+from reterm.sandbox.paths import pid_alive, rmtree_writable, sub
 from reterm.sandbox.snapshot import collect, list_snapshots
 
 logger = logging.getLogger(__name__)
@@ -86,7 +85,7 @@ def sweep(*, snapshots: bool = False, log=None) -> dict[str, int]:
         for mp in _host_mounts_under(d):
             subprocess.run(["umount", "-l", mp], capture_output=True)
             counts["mounts"] += 1
-        shutil.rmtree(d, ignore_errors=True)
+        rmtree_writable(d)
         counts["sandboxes"] += 1
     for cg_dir in find_leftover_cgroups("reterm-"):
         # named reterm-<owner pid>-<sandbox id>: only the dead owners' ones (other caches may be live)
@@ -106,7 +105,7 @@ def sweep(*, snapshots: bool = False, log=None) -> dict[str, int]:
             counts["snapshots"] += 1
     for d in sub("snapshots").iterdir():  # a snapshot whose copy was interrupted (no meta.json)
         if not (d / "meta.json").exists() and time.time() - d.stat().st_mtime > 600:
-            shutil.rmtree(d, ignore_errors=True)
+            rmtree_writable(d)
             counts["snapshots"] += 1
     # half-built layers and bases whose builder is gone (its lock is free)
     for kind, prefix in (("layers", "layer-"), ("base", "base-")):
@@ -120,13 +119,13 @@ def sweep(*, snapshots: bool = False, log=None) -> dict[str, int]:
                 continue
             finally:
                 os.close(fd)
-            shutil.rmtree(d, ignore_errors=True)
+            rmtree_writable(d)
             counts["layers"] += 1
     # layers replaced by a forced rebuild, once no live sandbox uses them
     used = {low for st in live_sandbox_states() for low in st.get("lowers", [])}
     for d in sub("trash").iterdir():
         if not any(u.startswith(str(d)) for u in used):
-            shutil.rmtree(d, ignore_errors=True)
+            rmtree_writable(d)
             counts["layers"] += 1
     if any(counts.values()):
         log("sandbox sweep removed " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
