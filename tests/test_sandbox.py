@@ -3,6 +3,7 @@ and fork, sweep after a crashed owner, refusal without root, and `harbor run` ac
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 from harbor.environments.base import SandboxBuildFailedError
 
 from reterm.sandbox.base import find_base
-from reterm.sandbox.box import ExecTimeoutError, SandboxError
+from reterm.sandbox.box import ExecTimeoutError, SandboxError, live_boxes
 from reterm.sandbox.dockerfile import DockerfileError
 from reterm.sandbox.local import LocalEnvironment
 from reterm.sandbox.paths import sub
@@ -431,3 +432,23 @@ def _parent(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_cancel_during_start_leaves_no_sandbox():
+    """A task cancelled while the sandbox starts (a Gradio Stop, a Harbor cancel) leaves nothing behind:
+    start waits for the thread that creates the box and closes it (found by the Space's tests)."""
+
+    async def main():
+        env = LocalEnvironment.for_task(HELLO_TASK)
+        task = asyncio.create_task(env.start(force_build=False))
+        while not run_dirs_of(os.getpid()) and not task.done():  # Box.start's thread has begun
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert live_boxes() == []  # the cancelled start waited for its thread and closed the box
+        await env.stop()
+
+    run(main())
+    assert live_boxes() == []
+    assert run_dirs_of(os.getpid()) == []

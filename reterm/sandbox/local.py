@@ -300,12 +300,21 @@ class LocalEnvironment(BaseEnvironment):
         if self._workdir:
             prepare = f"mkdir -p {shlex.quote(self._workdir)} && " + prepare
         spec = BoxSpec(lowers=lowers, binds=binds, prepare=prepare, **self._limits())
+        # Box.start runs in a worker thread that a cancel cannot stop: on any error or cancel (a Gradio
+        # Stop, a Harbor cancel) wait for it and close the box it made, so nothing lives on unowned.
+        starting = asyncio.get_running_loop().run_in_executor(None, Box.start, spec)
         try:
-            self._box = await asyncio.to_thread(Box.start, spec)
+            self._box = await asyncio.shield(starting)
             self._box.on_close.append(self._release_lease)
             if self._snapshot is None:
                 await self._upload_environment_dir_after_start()
         except BaseException:
+            if self._box is None:
+                try:
+                    self._box = await starting
+                    self._box.on_close.append(self._release_lease)
+                except BaseException:
+                    pass
             await self._close()
             raise
 
@@ -571,3 +580,4 @@ def _extract_safely(tar_path: Path, target: Path) -> list[str]:
 
 
 __all__ = ["LocalEnvironment", "LocalOptions", "Snapshot", "ExecTimeoutError", "SandboxError"]
+
