@@ -1,0 +1,81 @@
+"""pipeline.recover on the real local sandbox: snapshot fork vs replay rebuilds, a diverged replay
+dropped, background processes forcing a replay, the teacher's attempts verified by the task's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import EnvironmentConfig, RecoveryConfig
+from pipeline.environments import can_fork, make_environment
+from pipeline.recover import WorkItem, run_attempts
+from pipeline.teacher import OracleGuidedTeacher
+from reterm.agent.protocol import SYSTEM_PROMPT
+from reterm.recovery import localise
+from reterm.trajectory import Action, Outcome, Step, Trajectory
+from sandbox_support import run
+
+TASK = Path(__file__).resolve().parent.parent / "tasks" / "replace-missing-jq"
+LOCAL = EnvironmentConfig(type="local")
+
+
+def _item(steps: list[tuple[str, int, str]]) -> WorkItem:
+    history = [Step(index=i, model_text="", action=Action(tool="bash", command=c, timeout=10), observation=o,
+                    exit_status=s) for i, (c, s, o) in enumerate(steps)]  # fmt: skip
+    history.append(Step(index=len(history), model_text="", action=Action(tool="submit")))
+    traj = Trajectory(task_id=TASK.name, instruction=(TASK / "instruction.md").read_text(), system_prompt=SYSTEM_PROMPT,
+                      steps=history, reward=0.0, outcome=Outcome.FAILURE, metadata={"trajectory_id": "t"})  # fmt: skip
+    state = localise(traj).primary
+    assert state is not None
+    return WorkItem(state, traj.instruction, "own", "scripted", 10.0)
+
+
+def _attempts(item: WorkItem, **cfg) -> dict:
+    teacher = OracleGuidedTeacher({TASK.name: TASK})
+    teacher.register(item.state, item.instruction)
+    return run(run_attempts(item, teacher, RecoveryConfig(attempts=2, max_turns=8, **cfg), LOCAL, TASK))
+
+
+def test_harbor_types_cannot_fork_and_are_rebuilt_by_replay():
+    assert not can_fork(make_environment(EnvironmentConfig(type="docker"), TASK))
+    assert can_fork(make_environment(LOCAL, TASK))
+
+
+@pytest.mark.slow
+def test_fork_rebuild_then_verified_attempts():
+    jq = "jq -r '.services[] | .name' /app/services.json"
+    item = _item([("cd /app", 0, "(no output)\n[exit status: 0]"),
+                  (jq, 127, "bash: jq: command not found\n[exit status: 127]")])  # fmt: skip
+    assert item.state.category == "missing_dependency"
+    unit = _attempts(item)
+    assert (unit["status"], unit["rebuild"]) == ("ok", "fork")
+    trajs = [Trajectory.model_validate(a) for a in unit["attempts"]]
+    assert len(trajs) == 2 and all(t.outcome is Outcome.SUCCESS for t in trajs)
+    assert all(t.prefix_len == 2 and t.steps[1].command == jq for t in trajs)  # the failure prefix, as history
+    assert trajs[0].steps[2].reasoning.startswith("The last command failed with exit status 127")
+    # the teacher skipped the `cd /app` the prefix had run and rewrote the script next
+    assert trajs[0].steps[2].command.startswith("cat > /app/scripts/summary.sh")
+    # a fork carries the agent's shell state: the working directory the prefix `cd`-ed into
+    from reterm.policies.scripted import ScriptedPolicy
+
+    unit = run(run_attempts(item, ScriptedPolicy(["-", "-", "pwd"]), RecoveryConfig(attempts=2, max_turns=1), LOCAL, TASK))
+    assert unit["rebuild"] == "fork"
+    assert [Trajectory.model_validate(a).steps[2].observation.split("\n")[0] for a in unit["attempts"]] == ["/app"] * 2
+
+
+@pytest.mark.slow
+def test_diverged_replay_is_dropped_and_background_processes_force_replay():
+    lying = _item([("cd /app", 0, "(no output)\n[exit status: 0]"),
+                   ("ls /app/services.json", 2, "ls: cannot access '/app/services.json'\n[exit status: 2]")])  # fmt: skip
+    unit = _attempts(lying)
+    assert unit["status"] == "diverged" and unit["attempts"] == [] and "recorded exit 2" in unit["detail"]
+
+    busy = _item([("cd /app", 0, "(no output)\n[exit status: 0]"), ("sleep 300 &", 0, "[1] 30\n[exit status: 0]"),
+                  ("jq . services.json", 127, "bash: jq: command not found\n[exit status: 127]")])  # fmt: skip
+    unit = _attempts(busy)
+    assert (unit["status"], unit["rebuild"]) == ("ok", "replay") and "sleep 300" in unit["detail"]
+    assert [Trajectory.model_validate(a).outcome for a in unit["attempts"]] == [Outcome.SUCCESS] * 2
+
+    unit = _attempts(busy, rebuild="replay")
+    assert unit["rebuild"] == "replay" and len(unit["attempts"]) == 2
