@@ -78,3 +78,18 @@ def test_reterm_run_cli_bad_arguments(tmp_path, capsys):
     assert "not a task folder" in capsys.readouterr().err
     assert run_main([str(HELLO_TASK), "--env", "no-such-env", "--policy", "oracle", "--output", str(tmp_path / "o")]) == 2
     assert "no-such-env" in capsys.readouterr().err
+
+
+def test_concurrent_trials_load_the_policy_once():
+    """Trials of one Harbor job run ``setup`` in parallel threads; they must share one loaded model.
+    Unserialised, concurrent transformers loads failed ("Cannot copy out of meta tensor": found by the
+    pipeline's concurrent rollouts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reterm.agent import harbor
+
+    kwargs = {"max_new_tokens": 7}  # a key no other test uses, so the cache starts empty
+    harbor._POLICIES.pop(harbor.json.dumps(["smollm2", kwargs], sort_keys=True, default=str), None)
+    with ThreadPoolExecutor(4) as pool:
+        policies = list(pool.map(lambda _: harbor._load_policy("smollm2", kwargs), range(4)))
+    assert all(p is policies[0] for p in policies)

@@ -24,6 +24,7 @@ trajectory is written, so Harbor records them in ``result.json`` (``exception_in
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,22 @@ class EpisodeFault(RuntimeError):
     """
 
 
+_POLICIES_LOCK = threading.Lock()
+
+
 def _load_policy(spec: str, kwargs: dict[str, Any]) -> Any:
+    """The process-wide policy for ``(spec, kwargs)``, loaded once.
+
+    Trials of one Harbor job call ``setup`` concurrently (in threads); transformers' loading is not
+    thread-safe ("Cannot copy out of meta tensor"), so the cache miss is serialised by a lock.
+    """
     from reterm.policies import load_policy
 
     key = json.dumps([spec, kwargs], sort_keys=True, default=str)
-    if key not in _POLICIES:
-        _POLICIES[key] = load_policy(spec, **kwargs)
-    return _POLICIES[key]
+    with _POLICIES_LOCK:
+        if key not in _POLICIES:
+            _POLICIES[key] = load_policy(spec, **kwargs)
+        return _POLICIES[key]
 
 
 class ReTermAgent(BaseAgent):

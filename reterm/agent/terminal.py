@@ -735,8 +735,15 @@ class TerminalSession:
         full = p if p.capture_kind in ("screen", "full", "split") else await self._poll("full", n0, start)
         rows = full.capture.rstrip("\n").split("\n")
         if full.fg == full.pane_pid and not full.alternate and self._at_prompt_line(rows[-1], full.pwd or self._cwd):
-            # the shell itself waits at a bare prompt but its hook wrote nothing (its files were
-            # deleted, or it is no longer bash): the command is done, its exit status unknown
+            # the shell waits at a bare prompt. A poll reads the status file before the screen, so a
+            # command that ended between the two shows its prompt before its status line: read again.
+            again = await self._poll("full", n0, start)
+            if again.count > n0 and not again.error:
+                self.busy = None
+                self._cwd = again.pwd
+                return self._result(command, again, exit_status=again.status)
+            # its hook really wrote nothing (its files were deleted, or it is no longer bash): the
+            # command is done, its exit status unknown
             self.busy = None
             return self._result(command, full, exit_status=None)
         self.busy = full.command or p.command or "program"
