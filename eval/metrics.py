@@ -1,0 +1,380 @@
+"""Scores of Harbor job folders: Pass@1 ± stderr, pass@k, a per-task table, infrastructure faults apart.
+
+Input: Harbor job folders (``JOB/<trial>/result.json``, a :class:`harbor.models.trial.result.TrialResult`;
+``JOB/<trial>/agent/`` holds the agent's logs and trajectory). Every trial is classified into one
+:class:`reterm.trajectory.Outcome` by :func:`classify_trial`; only agent outcomes (``SUCCESS``/``FAILURE``)
+enter the scores, infrastructure faults are counted and reported apart.
+
+Rules (and where they come from)
+--------------------------------
+* **Which exceptions are infrastructure faults.** Harbor's own error table
+  (:mod:`harbor.models.trial.error_policy`, ``ErrorPolicy.has_valid_reward``) decides, with the job's
+  ``override_error_policy`` applied. ``has_valid_reward=False`` types are faults: environment build/start
+  failures and timeouts (``SandboxBuildFailedError``, ``EnvironmentStartTimeoutError``,
+  ``AgentSetupTimeoutError``, ``HealthcheckError``, out-of-memory...), model-endpoint errors (``ApiError``,
+  litellm's ``RateLimitError``...), verifier faults (``VerifierTimeoutError``, ``RewardFileNotFoundError``
+  = the missing reward file, ``RewardFileEmptyError``, ``VerifierOutputParseError``) and cancellations.
+  Exception types Harbor does not know (a crash of an agent harness, this kit's
+  :class:`reterm.policies.base.EndpointError`) are faults too; Harbor would score them, but a crash of
+  the harness is not the agent's failure (project rule: faults are never failures). This kit's
+  ``EpisodeFault`` names its fault outcome (``sandbox_error: ...``, ``endpoint_error: ...``).
+* **Agent timeouts are failures.** ``AgentTimeoutError`` (and the other exceptions Harbor marks
+  ``has_valid_reward=True``: non-zero agent exit, context window exceeded, refusals) are agent outcomes:
+  the verifier still runs and its reward decides; no reward counts as 0. This is Terminal-Bench's rule:
+  its leaderboard query keeps ``AgentTimeoutError`` trials and scores them ``COALESCE(reward, 0)``
+  (laude-institute/terminal-bench-experiments, ``sql/get_agent_scores_and_costs.sql``).
+  Difference to that query: it also scores ``VerifierTimeoutError`` as 0; here (as in Harbor's table)
+  a verifier timeout is a fault, reported in ``infra_faults`` so a reader can redo the other count.
+* **A trial without exception but without a reward** is a verifier fault (Harbor: "a missing reward
+  file is an error, not a zero").
+* **Pass**: the reward (the ``reward`` key of ``verifier_result.rewards``, or its only key) is at least
+  :data:`reterm.trajectory.PASS_THRESHOLD` (1.0; Terminal-Bench rewards are 0/1).
+
+Estimators
+----------
+With ``T`` tasks that have at least one scored trial, ``n_t`` scored trials and ``c_t`` passes of task
+``t``, and ``p_t = c_t / n_t``:
+
+* Pass@1 = ``(1/T) Σ_t p_t`` (per-task pass rate, then the mean over tasks; equal to the mean over
+  trials when every task has the same number of trials).
+* stderr = ``sqrt(Σ_t p_t (1 - p_t) / (n_t - 1)) / T``: the standard error of that mean over the
+  randomness of the trials, tasks held fixed (``p_t (1-p_t) / (n_t - 1)`` is the unbiased estimate of
+  ``Var(p_t)`` for Bernoulli trials). It is the estimator of the Terminal-Bench leaderboard query cited
+  above; it is undefined (``None``) when a task has fewer than 2 scored trials, which is why reports
+  need k >= 2 trials (Terminal-Bench reports use >= 3, leaderboard submissions 5).
+* pass@k = ``(1/T_k) Σ_t [1 - C(n_t - c_t, k) / C(n_t, k)]`` over the ``T_k`` tasks with ``n_t >= k``:
+  the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
+  eq. 1), the same one Harbor's ``harbor.utils.pass_at_k`` uses; pass@1 of this estimator is Pass@1.
+
+Own code because Harbor's job statistics score unknown exceptions and have no standard error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from harbor.models.trial.error_policy import ERROR_POLICIES
+from harbor.models.trial.result import ExceptionInfo, TrialResult
+
+from reterm.trajectory import PASS_THRESHOLD, Outcome
+
+# Harbor exception type -> fault outcome. Types not listed here but marked has_valid_reward=False by
+# Harbor's table map through _FAULT_BY_GROUP below; types unknown to Harbor are harness errors.
+_FAULT_OUTCOME: dict[str, Outcome] = {
+    "EnvironmentStartTimeoutError": Outcome.ENVIRONMENT_TIMEOUT,
+    "AgentSetupTimeoutError": Outcome.ENVIRONMENT_TIMEOUT,
+    "VerifierTimeoutError": Outcome.VERIFIER_TIMEOUT,
+    "RewardFileNotFoundError": Outcome.VERIFIER_ERROR,
+    "RewardFileEmptyError": Outcome.VERIFIER_ERROR,
+    "VerifierOutputParseError": Outcome.VERIFIER_ERROR,
+    "AddTestsDirError": Outcome.VERIFIER_ERROR,
+    "DownloadVerifierDirError": Outcome.VERIFIER_ERROR,
+    "CancelledError": Outcome.HARNESS_ERROR,
+    "RegradeError": Outcome.HARNESS_ERROR,
+    "MissingExtraError": Outcome.HARNESS_ERROR,
+    "DspyImportError": Outcome.HARNESS_ERROR,
+    # this kit's policy backends (reterm.policies.base.EndpointError)
+    "EndpointError": Outcome.ENDPOINT_ERROR,
+}
+_ENVIRONMENT_ERRORS = {
+    "SandboxBuildFailedError",
+    "HealthcheckError",
+    "SandboxLikelyOutOfMemoryError",
+    "MemoryLimitExceededError",
+    "SSHAccessError",
+    "GKEExecStreamClosedError",
+    "GKEPodNotFoundError",
+    "RuntimeRequestError",
+    "ServiceOperationsUnsupportedError",
+    "VercelScopeError",
+}
+
+
+def _fault_outcome(exception_type: str, message: str = "") -> Outcome:
+    """The fault outcome of a Harbor exception type Harbor marks as not scorable (or does not know).
+
+    ``EpisodeFault`` (raised by :class:`reterm.agent.harbor.ReTermAgent`) carries the episode's fault
+    outcome as the prefix of its message (``"endpoint_error: ..."``).
+    """
+    if exception_type == "EpisodeFault":
+        prefix = message.split(":", 1)[0].strip()
+        if prefix in {o.value for o in Outcome} and Outcome(prefix).is_infra_fault:
+            return Outcome(prefix)
+        return Outcome.HARNESS_ERROR
+    if exception_type in _FAULT_OUTCOME:
+        return _FAULT_OUTCOME[exception_type]
+    if exception_type in _ENVIRONMENT_ERRORS:
+        return Outcome.SANDBOX_ERROR
+    if exception_type in ERROR_POLICIES:  # the rest of Harbor's non-scorable table: model API errors
+        return Outcome.ENDPOINT_ERROR
+    return Outcome.HARNESS_ERROR
+
+
+def _is_agent_outcome(exc: ExceptionInfo) -> bool:
+    """True when Harbor scores a trial that raised ``exc`` (e.g. ``AgentTimeoutError``) and knows the type."""
+    return exc.exception_type in ERROR_POLICIES and exc.policy.has_valid_reward
+
+
+@dataclass
+class TrialScore:
+    """One Harbor trial, classified.
+
+    ``outcome`` is ``SUCCESS``/``FAILURE`` for scored trials, a fault outcome otherwise
+    (``Outcome.is_infra_fault``). ``reward`` is the verifier's reward (``None`` when there was none).
+    ``exception_type`` is Harbor's first recorded exception type, ``agent_timed_out`` marks
+    ``AgentTimeoutError``. ``agent_s`` is the agent phase's wall time in seconds (``None`` if it did not run).
+    """
+
+    task: str
+    trial: str
+    trial_dir: str
+    agent: str
+    model: str | None
+    outcome: Outcome
+    reward: float | None
+    exception_type: str | None = None
+    exception_message: str | None = None
+    agent_timed_out: bool = False
+    agent_s: float | None = None
+
+    @property
+    def scored(self) -> bool:
+        """True for agent outcomes (counted in Pass@1), False for infrastructure faults."""
+        return not self.outcome.is_infra_fault
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.SUCCESS
+
+
+def task_name(result: TrialResult) -> str:
+    """The task's name without its org prefix (``reterm/semver-sort`` -> ``semver-sort``), as the task
+    folders and ``tasks/splits.json`` name it."""
+    return result.task_name.split("/")[-1]
+
+
+def reward_of(result: TrialResult) -> float | None:
+    """The scalar reward of a trial: ``rewards["reward"]``, or the only value; ``None`` when absent.
+
+    Raises ``ValueError`` naming the trial when several rewards are given and none is called ``reward``.
+    """
+    rewards = result.verifier_result.rewards if result.verifier_result else None
+    if not rewards:
+        return None
+    if "reward" in rewards:
+        return float(rewards["reward"])
+    if len(rewards) == 1:
+        return float(next(iter(rewards.values())))
+    raise ValueError(
+        f"trial {result.trial_name}: several rewards {sorted(rewards)} and none named 'reward'; "
+        "cannot score a multi-reward task as pass/fail"
+    )
+
+
+def classify_trial(result: TrialResult) -> tuple[Outcome, float | None]:
+    """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring."""
+    exceptions = result.recorded_exceptions()
+    reward = reward_of(result)
+    for exc in exceptions:
+        if not _is_agent_outcome(exc):
+            return _fault_outcome(exc.exception_type, exc.exception_message), reward
+    if exceptions:  # agent outcomes only (agent timeout, context exceeded...): no reward counts as 0
+        reward = 0.0 if reward is None else reward
+    elif reward is None:
+        return Outcome.VERIFIER_ERROR, None
+    return (Outcome.SUCCESS if reward >= PASS_THRESHOLD else Outcome.FAILURE), reward
+
+
+def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
+    """A :class:`TrialScore` from a trial result (see :func:`classify_trial`)."""
+    outcome, reward = classify_trial(result)
+    exceptions = result.recorded_exceptions()
+    first = exceptions[0] if exceptions else None
+    timing = result.agent_execution
+    agent_s = None
+    if timing and timing.started_at and timing.finished_at:
+        agent_s = (timing.finished_at - timing.started_at).total_seconds()
+    return TrialScore(
+        task=task_name(result),
+        trial=result.trial_name,
+        trial_dir=str(trial_dir),
+        agent=result.agent_info.name,
+        model=result.agent_info.model_info.name if result.agent_info.model_info else None,
+        outcome=outcome,
+        reward=reward,
+        exception_type=first.exception_type if first else None,
+        exception_message=(first.exception_message[:500] if first else None),
+        agent_timed_out=any(e.exception_type == "AgentTimeoutError" for e in exceptions),
+        agent_s=agent_s,
+    )
+
+
+@dataclass
+class JobTrials:
+    """The classified trials of one or more job folders, plus trial folders that never finished."""
+
+    trials: list[TrialScore] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)  # trial folders without result.json
+
+
+def load_job(job_dirs: str | Path | Iterable[str | Path]) -> JobTrials:
+    """Read and classify every trial of one or more Harbor job folders.
+
+    A trial folder is a sub-folder holding ``result.json``; sub-folders without one (a killed job) are
+    listed in ``incomplete`` and scored nowhere. Raises ``FileNotFoundError`` for a missing job folder
+    and ``ValueError`` naming the file for a ``result.json`` that is not a Harbor trial result.
+    """
+    dirs = [job_dirs] if isinstance(job_dirs, (str, Path)) else list(job_dirs)
+    out = JobTrials()
+    for job_dir in map(Path, dirs):
+        if not job_dir.is_dir():
+            raise FileNotFoundError(f"{job_dir}: no such Harbor job folder")
+        for trial_dir in sorted(p for p in job_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            path = trial_dir / "result.json"
+            if not path.exists():
+                if (trial_dir / "config.json").exists():
+                    out.incomplete.append(str(trial_dir))
+                continue
+            try:
+                result = TrialResult.model_validate_json(path.read_text())
+            except Exception as exc:  # pydantic.ValidationError or JSON errors
+                raise ValueError(f"{path}: not a Harbor trial result ({exc})") from exc
+            out.trials.append(score_trial(result, trial_dir))
+    return out
+
+
+# ------------------------------------------------------------------------------------ estimators
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. 2021 unbiased pass@k of one task: ``1 - C(n-c, k) / C(n, k)``.
+
+    ``n`` scored trials, ``c`` passes, ``1 <= k <= n``. Raises ``ValueError`` otherwise.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class PassAt1:
+    """Pass@1 over tasks: ``mean`` ± ``stderr`` (``None`` when a task has < 2 trials), counts."""
+
+    mean: float | None
+    stderr: float | None
+    n_trials: int
+    n_tasks: int
+
+
+def pass_at_1(counts: dict[str, tuple[int, int]]) -> PassAt1:
+    """Pass@1 and its standard error from ``{task: (n_scored_trials, n_passed)}``.
+
+    Tasks with no scored trial are left out of the denominator. Formulas: module docstring.
+    """
+    counts = {t: nc for t, nc in counts.items() if nc[0] > 0}
+    if not counts:
+        return PassAt1(None, None, 0, 0)
+    rates = {t: c / n for t, (n, c) in counts.items()}
+    mean = sum(rates.values()) / len(rates)
+    stderr = None
+    if all(n >= 2 for n, _ in counts.values()):
+        var = sum(rates[t] * (1 - rates[t]) / (n - 1) for t, (n, _) in counts.items())
+        stderr = math.sqrt(var) / len(rates)
+    return PassAt1(mean, stderr, sum(n for n, _ in counts.values()), len(rates))
+
+
+def pass_at_ks(counts: dict[str, tuple[int, int]], ks: Iterable[int] | None = None) -> dict[int, float]:
+    """Mean pass@k over tasks with at least ``k`` scored trials, for each ``k`` in ``ks``.
+
+    Default ``ks``: ``1..min_t n_t`` (every task contributes to every k).
+    """
+    counts = {t: nc for t, nc in counts.items() if nc[0] > 0}
+    if not counts:
+        return {}
+    if ks is None:
+        ks = range(1, min(n for n, _ in counts.values()) + 1)
+    out = {}
+    for k in ks:
+        eligible = [(n, c) for n, c in counts.values() if n >= k]
+        if eligible:
+            out[k] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
+    return out
+
+
+# --------------------------------------------------------------------------------------- summary
+def task_counts(trials: Iterable[TrialScore]) -> dict[str, tuple[int, int]]:
+    """``{task: (n_scored_trials, n_passed)}`` for every task seen (tasks with faults only get (0, 0))."""
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for t in trials:
+        row = out[t.task]
+        if t.scored:
+            row[0] += 1
+            row[1] += int(t.passed)
+    return {task: (n, c) for task, (n, c) in sorted(out.items())}
+
+
+def summarize(trials: list[TrialScore], incomplete: list[str] | None = None,
+              task_info: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The score block of one model: the shape of ``results.json`` ``models[i]`` minus names/recovery.
+
+    Returns ``{"pass_at_1": {mean, stderr, n_trials, n_tasks}, "pass_at_k": {k: value},
+    "per_task": {task: {n_trials, n_passed, pass_rate, n_infra_faults, n_agent_timeouts, categories,
+    difficulty}}, "infra_faults": {n, by_outcome, by_exception, trials: [...]}, "agent_timeouts": n,
+    "n_trials_total": n}``. ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
+    """
+    counts = task_counts(trials)
+    p1 = pass_at_1(counts)
+    faults = [t for t in trials if not t.scored]
+    per_task: dict[str, dict[str, Any]] = {}
+    for task, (n, c) in counts.items():
+        info = (task_info or {}).get(task, {})
+        per_task[task] = {
+            "n_trials": n,
+            "n_passed": c,
+            "pass_rate": c / n if n else None,
+            "n_infra_faults": sum(1 for t in faults if t.task == task),
+            "n_agent_timeouts": sum(1 for t in trials if t.task == task and t.agent_timed_out and t.scored),
+            "categories": list(info.get("categories", [])),
+            "difficulty": info.get("difficulty"),
+        }
+    return {
+        "pass_at_1": asdict(p1),
+        "pass_at_k": {str(k): v for k, v in pass_at_ks(counts).items()},
+        "per_task": per_task,
+        "infra_faults": {
+            "n": len(faults) + len(incomplete or []),
+            "by_outcome": dict(Counter(t.outcome.value for t in faults)),
+            "by_exception": dict(Counter(t.exception_type or "no reward" for t in faults)),
+            "incomplete_trials": len(incomplete or []),
+            "trials": [
+                {"task": t.task, "trial": t.trial, "outcome": t.outcome.value,
+                 "exception": t.exception_type, "message": t.exception_message}
+                for t in faults
+            ],
+        },
+        "agent_timeouts": sum(1 for t in trials if t.agent_timed_out and t.scored),
+        "n_trials_total": len(trials) + len(incomplete or []),
+    }
+
+
+def load_task_info(split_file: str | Path | None) -> dict[str, dict[str, Any]]:
+    """``{task: {categories, difficulty}}`` from a ``tasks/splits.json`` (``{}`` when ``split_file`` is None).
+
+    Raises ``ValueError`` naming the file when it is not JSON with a ``tasks`` mapping.
+    """
+    if split_file is None:
+        return {}
+    path = Path(split_file)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the split file ({exc})") from exc
+    tasks = data.get("tasks", {})
+    if not isinstance(tasks, dict):
+        raise ValueError(f"{path}: field 'tasks' must map task names to {{categories, difficulty}}")
+    return tasks

@@ -1,0 +1,1 @@
+"""Held-out failure states for recovery evaluation (see build_states.py)."""
