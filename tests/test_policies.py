@@ -182,7 +182,9 @@ def test_tiny_qwen_text_only_with_native_template(tiny_qwen_dir):
     assert "<function=bash>\n<parameter=command>\nls\n</parameter>" in prompt  # Qwen3.5's own call format
     assert prompt.endswith("<|im_start|>assistant\n<think>\n")
     gens = policy.generate([TOOL_HISTORY, initial_messages("x")], TOOLS)
-    assert [g.completion_tokens for g in gens] == [5, 5] and all(len(g.logprobs) == 5 for g in gens)
+    # sampled from a random model: each stops at an end-of-turn token or at max_new_tokens
+    assert all(1 <= g.completion_tokens <= 5 and len(g.logprobs) == g.completion_tokens for g in gens)
+    assert all(g.finish_reason in ("stop", "length") for g in gens)
     assert all(lp <= 0 for g in gens for lp in g.logprobs)
     no_think = TransformersPolicy(str(tiny_qwen_dir), temperature=0, max_new_tokens=2, enable_thinking=False)
     prompt = no_think.tokenizer.decode(no_think.prompt_ids(initial_messages("x"), TOOLS))
