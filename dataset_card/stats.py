@@ -51,11 +51,11 @@ Shape (``schema_version`` ``"reterm-dataset-stats/1"``)::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from reterm.json_files import read_validated_json
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = "reterm-dataset-stats/1"
 
@@ -186,17 +186,4 @@ def load_stats(path: str | Path) -> DatasetStats:
         FileNotFoundError: no file at ``path``.
         ValueError: not JSON, or a field is missing/wrong; the message names the file and the fields.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: stats.json not found (the pipeline writes it next to data/)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    try:
-        return DatasetStats.model_validate(raw)
-    except ValidationError as exc:
-        problems = "\n".join(
-            f"  - {'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
-        )
-        raise ValueError(f"{path}: invalid stats:\n{problems}") from None
+    return read_validated_json(path, DatasetStats, "stats", "the pipeline writes it next to data/")

@@ -25,14 +25,14 @@ whole file with secrets (keys naming a token, secret, password or API key) redac
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from reterm.json_files import read_validated_json
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EVAL_SCHEMA = "reterm-eval/1"
 
@@ -113,20 +113,7 @@ class EvalResults(_Loose):
 
 def load_results(path: str | Path) -> EvalResults:
     """Read and validate ``results.json``; ``ValueError``/``FileNotFoundError`` name the file and fields."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: evaluation results not found (eval/run.py writes results.json)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    try:
-        return EvalResults.model_validate(raw)
-    except ValidationError as exc:
-        problems = "\n".join(
-            f"  - {'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
-        )
-        raise ValueError(f"{path}: invalid evaluation results:\n{problems}") from None
+    return read_validated_json(path, EvalResults, "evaluation results", "eval/run.py writes results.json")
 
 
 # ------------------------------------------------------------------------------------- recipes

@@ -164,12 +164,8 @@ class EndpointPolicy:
             raise ValueError("EndpointPolicy: `model` (the served model name) is required")
         if tool_call_format not in ("auto", "hermes", "qwen"):
             raise ValueError(f"tool_call_format must be 'auto', 'hermes' or 'qwen', got {tool_call_format!r}")
-        base = dict(sampling.__dict__) if sampling else {}
-        for key, value in (("temperature", temperature), ("top_p", top_p),
-                           ("max_new_tokens", max_new_tokens), ("seed", seed)):  # fmt: skip
-            if value is not None:
-                base[key] = value
-        self.sampling = SamplingParams(**base)
+        self.sampling = SamplingParams.merged(sampling, temperature=temperature, top_p=top_p,
+                                              max_new_tokens=max_new_tokens, seed=seed)
         self.model = model
         self.name = name or f"openai:{model}"
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL

@@ -38,3 +38,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding is greedy (``temperature == 0``)."""
         return self.temperature == 0
+
+    @classmethod
+    def merged(cls, base: "SamplingParams | None" = None, **overrides: float | int | None) -> "SamplingParams":
+        """``base`` (or the defaults) with every override that is not ``None`` applied.
+
+        Policies take both a ``sampling=SamplingParams(...)`` and single keywords (``temperature=0.2``);
+        the keywords win. Raises ``ValueError`` for a value out of range or ``TypeError`` for an unknown name.
+        """
+        values = dict(base.__dict__) if base else {}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -153,12 +153,8 @@ class TransformersPolicy:
     ) -> None:
         import torch
 
-        base = dict(sampling.__dict__) if sampling else {}
-        for key, value in (("temperature", temperature), ("top_p", top_p),
-                           ("max_new_tokens", max_new_tokens), ("seed", seed)):  # fmt: skip
-            if value is not None:
-                base[key] = value
-        self.sampling = SamplingParams(**base)
+        self.sampling = SamplingParams.merged(sampling, temperature=temperature, top_p=top_p,
+                                              max_new_tokens=max_new_tokens, seed=seed)
         model_id = os.fspath(model)
         self.name = name or (EMBEDDED_NAME if model_id == EMBEDDED_NAME and adapter is None else f"hf:{model_id}")
 

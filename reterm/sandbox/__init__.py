@@ -11,5 +11,5 @@
   :mod:`reterm.sandbox.paths`, :mod:`reterm.sandbox.preflight`, :mod:`reterm.sandbox.cli`.
 
 Kept import-light (no Harbor import here): import ``LocalEnvironment`` from ``reterm.sandbox.local``.
-See docs/ARCHITECTURE.md, "The local sandbox and its limits".
+See docs/SANDBOX.md.
 """

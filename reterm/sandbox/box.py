@@ -380,7 +380,7 @@ class Box:
         elif self.mode == "rootless":
             _warn_once("cgroups are not writable here: rootless sandboxes limit memory and processes with rlimits "
                        "(RLIMIT_DATA per process, RLIMIT_NPROC per sandbox and user); no CPU limit, no freeze "
-                       "during snapshots (docs/ARCHITECTURE.md, rootless mode)")
+                       "during snapshots (docs/SANDBOX.md, rootless mode)")
         else:
             logger.warning("cgroups are not writable here: the sandbox runs without memory/pids/cpu limits")
         self._write_state()

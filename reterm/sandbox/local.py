@@ -14,7 +14,7 @@ directly::
         for f in forks + more: await f.stop(delete=True)
         snap.release()
 
-What it is (issue 2; measured figures in ``bench/sandbox_fork.py``, limits in docs/ARCHITECTURE.md):
+What it is (issue 2; measured figures in ``bench/sandbox_fork.py``, limits in docs/SANDBOX.md):
 bubblewrap namespaces over overlayfs layers (Debian base from debootstrap, the task's build layer,
 snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network; as root, or without
 root in an unprivileged user namespace (rootless mode, :mod:`reterm.sandbox.rootless`). It is not a VM
@@ -463,7 +463,7 @@ class LocalEnvironment(BaseEnvironment):
 
         The sandbox's processes are paused (cgroup freezer) during the copy of its writable layer
         (about 50-100 ms for 50 MB here; rootless mode without cgroups copies while they run, see
-        docs/ARCHITECTURE.md). Release the snapshot with ``snap.release()`` when done;
+        docs/SANDBOX.md). Release the snapshot with ``snap.release()`` when done;
         forks started from it keep it alive until they stop.
 
         Args:

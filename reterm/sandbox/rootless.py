@@ -16,7 +16,7 @@ The user namespace is made by ``unshare`` rather than by bubblewrap's ``--unshar
 overlay must be mounted inside it before bubblewrap starts (bubblewrap 0.8 has no overlay support),
 and execs join it with ``nsenter --user``. What differs from root mode (one uid; rlimits instead of
 cgroups where the user cannot create cgroups; no freezer for snapshots; a per-user base) is listed in
-docs/ARCHITECTURE.md ("Rootless mode"). Own code, like the root mode (bubblewrap has no way to enter
+docs/SANDBOX.md ("Rootless mode"). Own code, like the root mode (bubblewrap has no way to enter
 a running sandbox).
 """
 
