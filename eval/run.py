@@ -173,6 +173,10 @@ class ModelSpec(_Strict):
             raise ValueError(f"model {self.name!r}: agent 'reterm' needs a policy (smollm2, hf:PATH, openai:MODEL)")
         if self.agent != "reterm" and self.policy:
             raise ValueError(f"model {self.name!r}: policy is only for agent 'reterm' (got agent {self.agent!r})")
+        if self.policy:  # a typo fails here, not as one infrastructure fault per trial
+            from reterm.policies import check_policy_spec
+
+            check_policy_spec(self.policy)
         return self
 
     def agent_config(self) -> "Any":

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from pipeline.config import ConfigError, PipelineConfig, load_config, resolve_path
 from pipeline.rollout import RolloutFault
 from pipeline.state import ConfigMismatchError, Journal
-from pipeline.tasks import TaskInfo, benchmark_tasks, eval_tasks, select_tasks
+from pipeline.tasks import TaskInfo, benchmark_tasks, check_tasks, eval_tasks, select_tasks
 
 logger = logging.getLogger("pipeline")
 
@@ -316,6 +316,8 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
     t0 = time.monotonic()
     output = Path(output)
     tasks = select_tasks(cfg.tasks)  # a config that names no usable tasks fails before anything is written
+    local = "local" in (cfg.rollout.environment.type, cfg.recovery_environment.type)
+    check_tasks(tasks, local=local)  # so does a bad task (named with its file)
     journal = Journal(output)
     resumed = journal.bind_config(cfg.resolved(), cfg.fingerprint(), fresh=fresh)
     if resumed:

@@ -80,6 +80,27 @@ def select_tasks(cfg: TasksConfig) -> list[TaskInfo]:
     return [task_info(root / n) for n in chosen]
 
 
+def check_tasks(tasks: list[TaskInfo], *, local: bool) -> None:
+    """Check every task with :func:`reterm.tasks.load_task` before a build starts (instruction, task.toml,
+    a verifier that writes a reward, and with ``local`` a Dockerfile the local sandbox can build), so
+    a bad task fails the build at once instead of as a traceback in a later stage.
+
+    Raises:
+        ConfigError: one line per bad task, each naming its file (and line) and the problem.
+    """
+    from reterm.tasks.loader import TaskLoadError, load_task
+
+    problems = []
+    for t in tasks:
+        try:
+            load_task(t.path, check_local=local)
+        except TaskLoadError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError(f"{len(problems)} of the {len(tasks)} tasks cannot be used (fix or leave them out "
+                          "with tasks.names):\n  " + "\n  ".join(problems))  # fmt: skip
+
+
 def eval_tasks(cfg: TasksConfig) -> list[TaskInfo]:
     """The evaluation split's tasks (for decontamination); empty without ``eval_split``."""
     import json

@@ -53,7 +53,7 @@ from live_run import (  # noqa: E402
     sandbox_availability,
     validate_request,
 )
-from replay_sources import Source, SourceError, open_source  # noqa: E402
+from replay_sources import _HUB_ID, Source, SourceError, open_source  # noqa: E402
 from trajectory_view import CSS as VIEW_CSS  # noqa: E402
 from trajectory_view import (  # noqa: E402
     EpisodeView,
@@ -460,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-forks", type=int, default=None, help=f"most recovery attempts per failure (default {MAX_FORKS})")
     p.add_argument("--public", action="store_true", default=None, help="do not let visitors open local paths")
     args = p.parse_args(argv)
+    for spec in args.source or []:  # a mistyped local path fails here, not silently in the page
+        if not Path(spec).expanduser().exists() and (not _HUB_ID.match(spec) or spec.startswith((".", "/", "~"))):
+            print(f"space/app.py: --source {spec}: no such file or folder, and not a Hub dataset id (ORG/NAME)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     config = default_config(tasks=args.tasks, sources=args.source, runs_dir=args.runs_dir, max_forks=args.max_forks,
                             public=args.public)  # fmt: skip
     host = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"

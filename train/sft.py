@@ -322,4 +322,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError as exc:  # a recipe field TRL does not know: say so without a traceback
+        if "Unknown arguments" not in str(exc):
+            raise
+        print(f"sft.py: {_recipe_path(sys.argv[1:]) or 'command line'}: {exc}", file=sys.stderr)
+        sys.exit(2)

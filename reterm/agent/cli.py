@@ -88,6 +88,8 @@ def make_environment(kind: str, task: Any, trial_dir: Path) -> Any:
         session_id=f"{name}__{uuid.uuid4().hex[:8]}__env",
         trial_paths=paths,
         task_env_config=task.config.environment,
+        # the agent phase's policy, as a Harbor Trial resolves it (without it Harbor's default is public)
+        network_policy=task.config.agent.explicit_phase_policy() or task.config.environment.resolve_baseline(),
     )
     import_path = LOCAL_ENVIRONMENT if kind == "local" else kind if ":" in kind else None
     if import_path:
@@ -149,6 +151,8 @@ async def _run(args: argparse.Namespace) -> int:
     task = Task(task_dir)
     task_id = str(task.name).split("/")[-1]
     out = args.output or Path("runs") / f"run-{task_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     kwargs = dict(kv.split("=", 1) for kv in args.policy_arg)
     kwargs = {k: _value(v) for k, v in kwargs.items()}
@@ -208,12 +212,19 @@ async def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``reterm run`` entry point (see the module docstring). Returns the exit status."""
     args = _parser().parse_args(argv)
+    for flag, value in (("--max-turns", args.max_turns), ("--time-budget", args.time_budget),
+                        ("--command-timeout", args.command_timeout)):  # fmt: skip
+        if value is not None and not value > 0:
+            print(f"reterm run: {flag} must be positive, got {value:g}", file=sys.stderr)
+            return 2
     for kv in args.policy_arg:
         if "=" not in kv:
             print(f"reterm run: --policy-arg {kv!r} is not KEY=VALUE", file=sys.stderr)
             return 2
     try:
-        resolve_task_dir(args.task)
+        from reterm.tasks.loader import read_config
+
+        read_config(resolve_task_dir(args.task) / "task.toml")  # bad TOML / fields: named by file and field
         return asyncio.run(_run(args))
     except (FileNotFoundError, ValueError) as exc:
         print(f"reterm run: {exc}", file=sys.stderr)

@@ -125,6 +125,11 @@ class ReTermAgent(BaseAgent):
     def version(self) -> str:
         return _version()
 
+    async def set_web_tools_disabled(self, disabled: bool, environment: BaseEnvironment) -> None:
+        """Nothing to disable: this harness has no web tools (only ``bash`` and ``submit``), and the
+        environment's network policy applies to its commands. Harbor's default logs an ERROR line
+        ("exposes no native web search or fetch tools") in every trial, which read as a failure."""
+
     async def setup(self, environment: BaseEnvironment) -> None:
         """Load the policy (in Harbor's setup phase, so model loading does not eat the agent's time).
         The terminal session checks for tmux when it starts."""

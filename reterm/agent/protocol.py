@@ -310,6 +310,14 @@ def _build_action(name: Any, arguments: Any, call_id: str) -> tuple[Action | Non
         return None, "bad_argument", f"`command` must be a string, got {type(command).__name__}"
     if len(command) > MAX_COMMAND_CHARS:
         return None, "too_long", f"the command has {len(command)} characters; the limit is {MAX_COMMAND_CHARS}"
+    # a NUL or a lone surrogate (JSON "\\u0000", "\\ud800") cannot be typed into a terminal or passed
+    # to exec: the model's mistake, not a sandbox fault (which it was, ending the episode)
+    if "\x00" in command:
+        return None, "bad_argument", "the command contains a NUL character (\\x00), which a terminal cannot type"
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return None, "bad_argument", f"the command is not valid text: {exc.reason} at character {exc.start}"
     timeout = None
     if "timeout" in arguments:
         timeout, err = _coerce_timeout(arguments["timeout"])
@@ -380,6 +388,8 @@ def parse_action(text: Any, call_format: CallFormat | None = None) -> ParseResul
     - NUL/control bytes (other than TAB, LF, CR, ESC) or U+FFFD anywhere: ``binary``.
     - ``timeout`` above :data:`MAX_COMMAND_TIMEOUT_S` is clamped; non-positive or non-numeric is
       ``bad_argument``. Unknown argument names are ``bad_argument``.
+    - a command that holds a NUL or a lone surrogate once JSON escapes are decoded (``\\u0000``,
+      ``\\ud800``): ``bad_argument`` (neither can be typed into a terminal).
 
     Args:
         text: the raw model text (anything else, e.g. ``None`` or bytes, is handled too).

@@ -18,7 +18,7 @@ from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generatio
 from reterm.policies.sampling import SamplingParams
 
 __all__ = ["FINISH_CONTEXT_LENGTH", "EndpointError", "Generation", "Policy", "SamplingParams", "load_policy",
-           "POLICY_SPECS"]  # fmt: skip
+           "POLICY_SPECS", "check_policy_spec"]  # fmt: skip
 
 POLICY_SPECS = {
     "smollm2": "the embedded default model SmolLM2-135M-Instruct (local, CPU is enough)",
@@ -27,6 +27,26 @@ POLICY_SPECS = {
     "http://127.0.0.1:8000/v1), api_key_env=VAR (default OPENAI_API_KEY)",
     "oracle": "replays the task's solution/solve.sh; kwargs: tasks=TASK_DIR or a list of them",
 }
+
+
+def check_policy_spec(spec: str) -> str:
+    """The stripped ``spec`` if it has one of the :data:`POLICY_SPECS` forms, without building anything
+    (for config validation: a typo fails at load time, not in every trial).
+
+    Raises:
+        ValueError: an unknown or incomplete spec (the message lists the known forms).
+    """
+    spec = (spec or "").strip()
+    if spec in ("smollm2", "oracle"):
+        return spec
+    for prefix, what in (("hf:", "a model: hf:<local-path-or-hub-id>"),
+                         ("openai:", "the served model name: openai:<model>")):  # fmt: skip
+        if spec.startswith(prefix):
+            if not spec[len(prefix) :]:
+                raise ValueError(f"policy spec {prefix!r} needs {what}")
+            return spec
+    known = "\n".join(f"  {k}: {v}" for k, v in POLICY_SPECS.items())
+    raise ValueError(f"unknown policy spec {spec!r}; known specs:\n{known}")
 
 
 def load_policy(spec: str, **kwargs: Any) -> Policy:

@@ -92,8 +92,16 @@ mount -t overlay -o "$RETERM_OVERLAY" reterm-root "$m/root"
 exec "$@"
 """
 
-# Runs on the host: join the sandbox's cgroups, then exec nsenter (a host binary).
-_EXEC_LAUNCH = 'for f in $RETERM_CG; do echo $$ > "$f" || exit 125; done; unset RETERM_CG; exec "$@"'
+# Runs on the host: join the sandbox's cgroups, then exec nsenter (a host binary). Every exec'd process
+# (the agent's commands, its tmux, the verifier) gets the highest OOM score (raising it needs no
+# privilege), so when the sandbox's memory cgroup runs out (a fork bomb, a memory hog) the kernel kills
+# those and never the sandbox's holder or init (score 0): otherwise one OOM kill of the holder ends the
+# whole sandbox and an agent's own fork bomb reads as an infrastructure fault
+# (tests/test_new_user_cases.py).
+_EXEC_LAUNCH = (
+    'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; '
+    'for f in $RETERM_CG; do echo $$ > "$f" || exit 125; done; unset RETERM_CG; exec "$@"'
+)
 
 # Runs inside the sandbox with the sandbox's capabilities: cwd, user switch, then the command.
 _WRAPPER = r"""

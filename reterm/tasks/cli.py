@@ -95,7 +95,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("task")
     p.set_defaults(func=_steps)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    from reterm.tasks.loader import TaskLoadError
+
+    try:
+        return int(args.func(args) or 0)
+    except TaskLoadError as exc:  # e.g. a path that is not a folder: the message names it
+        print(f"reterm tasks {args.cmd}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
