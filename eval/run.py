@@ -510,6 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_report(results, cfg.output_dir)
     print(_summary_table(results))
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    # a model none of whose trials was scored measured nothing: every trial was an infrastructure fault
+    # (sandbox, verifier or harness); say so and exit non-zero instead of reporting an empty score
+    unscored = [m["name"] for m in results["models"]
+                if m["n_trials_total"] and not m["pass_at_1"]["n_trials"]]  # fmt: skip
+    if unscored:
+        print(f"reterm eval: no trial of {', '.join(unscored)} was scored: every one was an infrastructure "
+              f"fault (see infra_faults in {paths.get('results', 'results.json')})", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -172,3 +172,22 @@ def test_harbor_jobs_on_the_local_sandbox(tmp_path, capsys):
     assert run.main(["--config", str(path)]) == 0
     assert len(list((tmp_path / "out" / "jobs" / "oracle").glob("hello-file__*/result.json"))) == 2
     assert "| oracle | oracle | 100.0 ± 0.0 | 100.0 | 2 | 1 | 0 | 0 |" in capsys.readouterr().out
+
+
+def test_a_model_with_only_infrastructure_faults_exits_non_zero(tmp_path, capsys):
+    # new-user case: a model whose every trial is an infrastructure fault measured nothing; the CLI says so
+    # (exit 3) instead of reporting an empty score with exit 0
+    import shutil
+
+    from eval import metrics
+
+    faults = [t for t in metrics.load_job(FIXTURES / "jobs" / "demo").trials if t.outcome.is_infra_fault]
+    assert faults, "the fixture has infrastructure faults"
+    for t in faults:
+        shutil.copytree(t.trial_dir, tmp_path / "out" / "jobs" / "faulty" / Path(t.trial_dir).name)
+    path = _write(tmp_path, {"name": "faulty", "dataset": {"name": "terminal-bench@2.0"}, "output_dir": str(tmp_path / "out"),
+                             "models": [{"name": "faulty", "agent": "reterm", "policy": "smollm2"}]})
+    assert run.main(["--config", str(path), "--report-only"]) == 3
+    err = capsys.readouterr().err
+    assert "no trial of faulty was scored" in err and "infrastructure fault" in err
+    assert (tmp_path / "out" / "results.json").is_file()  # the report is still written
