@@ -1,0 +1,520 @@
+"""The failure-state pool of ReTerm-GRPO: where each group of recovery attempts starts.
+
+A *failure state* (:class:`PoolState`) is a point where the agent failed: its history up to and including
+the failing step (the group's prompt, in the training message format of :mod:`reterm.agent.protocol`),
+the task, and the error category. The pool holds two kinds:
+
+- **seed states**, from the SFT dataset (ReTerm-10K records, :mod:`reterm.records`): the prefix
+  ``messages[:recovery_start]``; they are also the rows of the dataset TRL's sampler draws from;
+- **online states**, localised (:func:`reterm.recovery.localise`, first consequential failure) in the
+  *current policy's own* failed recovery attempts during training, and added every
+  ``pool_refresh_steps`` steps (paper: the policy learns from its own failure states, online).
+
+Each group is a seed row drawn by TRL's ``RepeatSampler`` or, with probability
+``online_state_fraction``, an online state. Every choice uses a ``random.Random`` seeded by
+``(seed, step, global group index)``, and new online states are gathered from every process and sorted
+before they are added, so the pool and the choices are identical on every rank (a group may span ranks;
+NOTES.md, TRL 1.16).
+
+In standard mode (the baseline) the pool holds one *task-start* state per task: the prompt is the
+task's first two messages and the environment is fresh.
+
+The environment of a state is rebuilt from its history (its bash commands, replayed through the
+harness's terminal; :mod:`reterm.training.grpo_rollout`); on the local sandbox the result is kept as a
+snapshot (:class:`SnapshotCache`) and forked for every later group that starts there.
+
+Written for this kit: TRL samples prompts from a fixed dataset and has no notion of environment state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from reterm.trajectory import Step, Trajectory
+
+REPO = Path(__file__).resolve().parents[2]
+
+SOURCES = ("seed", "online", "task_start")
+
+
+def resolve_task_dir(task_id: str, task_dirs: Sequence[str | Path]) -> Path | None:
+    """``<dir>/<task_id>`` for the first ``dir`` of ``task_dirs`` holding a Harbor task of that name.
+
+    Relative folders are tried against the working directory, then the repository root. Returns ``None``
+    when no folder has the task.
+    """
+    if not task_id or "/" in task_id or task_id in (".", ".."):
+        return None
+    for d in task_dirs:
+        d = Path(d).expanduser()
+        for root in ([d] if d.is_absolute() else [Path.cwd() / d, REPO / d]):
+            if (root / task_id / "task.toml").is_file():
+                return (root / task_id).resolve()
+    return None
+
+
+def excluded_task_ids() -> set[str]:
+    """Task ids that must never be trained on: the test split of this project's suite (tasks/splits.json)."""
+    try:
+        from reterm.tasks import load_splits
+
+        return set(load_splits().get("test", []))
+    except (FileNotFoundError, ValueError):
+        return set()
+
+
+def _state_id(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class PoolState:
+    """One failure state (or task start), everything a group needs to start there.
+
+    Attributes:
+        state_id: stable id (content hash; the record id for seed states).
+        task_id: the task's name; ``task_dir`` its folder on this machine.
+        prompt: the chat messages of the history (``[system, user(instruction), assistant, tool, ...]``,
+            tool-call arguments as mappings), ending with the failing step's observation.
+        category: the failure category (:class:`reterm.recovery.Category` id; ``""`` for a task start).
+        source: ``seed`` | ``online`` | ``task_start``.
+        parent_id: for an online state, the state its attempt started from (its snapshot, when cached,
+            is the cheapest start for rebuilding this one).
+        created_step: optimiser step at which an online state was found (``-1`` for others).
+    """
+
+    state_id: str
+    task_id: str
+    task_dir: str
+    prompt: list[dict[str, Any]]
+    category: str = ""
+    source: str = "seed"
+    parent_id: str = ""
+    created_step: int = -1
+
+    @cached_property
+    def trajectory(self) -> Trajectory:
+        """The history as a trajectory (steps with ``from_history``; exit statuses read from observations)."""
+        traj = Trajectory.from_messages(self.prompt, task_id=self.task_id)
+        for s in traj.steps:
+            s.from_history = True
+        return traj
+
+    @property
+    def history(self) -> list[Step]:
+        """The history's steps (what :class:`reterm.agent.episode.EpisodeSpec` takes)."""
+        return self.trajectory.steps
+
+    @property
+    def instruction(self) -> str:
+        """The task instruction as the history shows it."""
+        return self.trajectory.instruction
+
+    @property
+    def replay_commands(self) -> list[str]:
+        """The bash commands of the history, in order (what rebuilds the state)."""
+        return [s.command for s in self.history if s.command is not None]
+
+    def row(self) -> dict[str, Any]:
+        """The TRL dataset row of this state (``prompt`` is what TRL logs; the rest routes the group)."""
+        return {
+            "prompt": self.prompt,
+            "task_id": self.task_id,
+            "state_id": self.state_id,
+            "failure_category": self.category,
+            "state_source": self.source,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (checkpoints); :meth:`from_json` reverses it."""
+        return {k: getattr(self, k) for k in ("state_id", "task_id", "task_dir", "prompt", "category", "source",
+                                              "parent_id", "created_step")}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "PoolState":
+        return cls(**obj)
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled by accelerate's gather_object: keep it small
+        return self.to_json()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def _check_prompt(state: PoolState) -> str | None:
+    """Why ``state.prompt`` cannot be a group's prompt (None when it can): the harness must rebuild it
+    exactly (``Trajectory.to_messages`` of the parsed history), and it must end with an observation."""
+    from reterm.policies.transformers_policy import template_messages
+
+    try:
+        rebuilt = state.trajectory.to_messages()
+    except ValueError as exc:
+        return f"layout: {exc}"
+    if template_messages(rebuilt) != template_messages(state.prompt):
+        return "not_reproducible"
+    if state.source != "task_start" and (not state.history or state.prompt[-1]["role"] not in ("tool", "user")):
+        return "no_failing_step"
+    return None
+
+
+def seed_states_from_records(
+    records: Iterable[dict[str, Any]],
+    task_dirs: Sequence[str | Path],
+    *,
+    exclude: set[str] | None = None,
+) -> tuple[list[PoolState], Counter]:
+    """Seed failure states from ReTerm-10K records (:data:`reterm.records.FEATURES` rows).
+
+    The state's prompt is ``messages[:recovery_start]`` (the failure prefix). Records are skipped, and
+    counted by reason, when their task folder is not found (``unknown_task``), their task is excluded
+    (``excluded_task``: the test split), or their prefix is not what the harness would show
+    (``not_reproducible``, ``layout: ...``, ``no_failing_step``).
+
+    Returns:
+        ``(states, skipped)``; duplicate prefixes (same task and prompt) are kept once (``duplicate``).
+    """
+    from reterm.records import chat_messages
+
+    exclude = excluded_task_ids() if exclude is None else exclude
+    states: list[PoolState] = []
+    seen: set[str] = set()
+    skipped: Counter = Counter()
+    for record in records:
+        task_id = record.get("task_id") or ""
+        if task_id in exclude:
+            skipped["excluded_task"] += 1
+            continue
+        task_dir = resolve_task_dir(task_id, task_dirs)
+        if task_dir is None:
+            skipped["unknown_task"] += 1
+            continue
+        messages = chat_messages(record["messages"])
+        k = int(record["recovery_start"])
+        prompt = messages[:k]
+        sid = _state_id(task_id, prompt)
+        if sid in seen:
+            skipped["duplicate"] += 1
+            continue
+        state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=prompt,
+                          category=record.get("failure_category") or "", source="seed")  # fmt: skip
+        why = _check_prompt(state)
+        if why is not None:
+            skipped[why] += 1
+            continue
+        seen.add(sid)
+        states.append(state)
+    return states, skipped
+
+
+def task_start_states(task_ids: Iterable[str], task_dirs: Sequence[str | Path]) -> list[PoolState]:
+    """One task-start state per task (standard GRPO): prompt ``[system, user(instruction)]``, fresh environment.
+
+    Raises:
+        ValueError: a task folder is not found, or a task is in the excluded test split (named).
+    """
+    from harbor.models.task.task import Task
+
+    from reterm.agent.protocol import initial_messages
+
+    exclude = excluded_task_ids()
+    out = []
+    for task_id in sorted(set(task_ids)):
+        if task_id in exclude:
+            raise ValueError(f"task {task_id!r} is in the test split (tasks/splits.json); it is never trained on")
+        task_dir = resolve_task_dir(task_id, task_dirs)
+        if task_dir is None:
+            raise ValueError(f"task {task_id!r}: no task folder in task_dirs {list(map(str, task_dirs))}")
+        prompt = initial_messages(Task(task_dir).instruction)
+        out.append(PoolState(state_id=f"start:{task_id}", task_id=task_id, task_dir=str(task_dir), prompt=prompt,
+                             category="", source="task_start"))  # fmt: skip
+    return out
+
+
+def online_states_from_attempt(
+    trajectory: Trajectory, parent: PoolState, step: int, *, max_states: int = 1
+) -> list[PoolState]:
+    """New failure states from one failed recovery attempt of the current policy.
+
+    The attempt's generated steps are localised (:func:`reterm.recovery.localise`, rules only; the copied
+    history is context); its first consequential failure (``LocalisationResult.primary``) becomes a state
+    whose prompt is the whole conversation up to and including the failing step. Infrastructure faults
+    and passed attempts yield nothing.
+
+    Args:
+        trajectory: a finished, verified attempt (``trajectory.prefix_len`` = the parent's history length).
+        parent: the state the attempt started from.
+        step: the current optimiser step (recorded on the new state).
+        max_states: at most this many states (the primary first, then later consequential ones).
+    """
+    from reterm.recovery import localise
+
+    if trajectory.outcome.is_infra_fault or trajectory.passed or trajectory.reward is None or max_states < 1:
+        return []
+    result = localise(trajectory)
+    chosen = [s for s in result.states if s.primary] + [s for s in result.states if s.consequential and not s.primary]
+    out = []
+    for fs in chosen[:max_states]:
+        prompt = trajectory.to_messages(upto=fs.history_len)
+        from reterm.policies.transformers_policy import template_messages
+
+        prompt = template_messages(prompt)
+        state = PoolState(state_id=_state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
+                          prompt=prompt, category=fs.category, source="online", parent_id=parent.state_id,
+                          created_step=step)  # fmt: skip
+        if _check_prompt(state) is None:
+            out.append(state)
+    return out
+
+
+class FailurePool:
+    """Seed and online failure states, the per-group choice between them, and the online refresh.
+
+    Args:
+        seeds: the seed states (also the rows of :meth:`dataset`); must not be empty.
+        online_fraction: probability that a group starts from an online state (when there are any).
+        max_online: online states kept; the oldest are evicted first.
+        seed: the random seed of every choice.
+        prompt_tokens: optional ``state -> prompt length in tokens``; with ``max_prompt_tokens``, longer
+            states are refused (counted in :attr:`counts`).
+        max_prompt_tokens: see ``prompt_tokens``.
+
+    Raises:
+        ValueError: no seed states, or two states share an id.
+    """
+
+    def __init__(
+        self,
+        seeds: Sequence[PoolState],
+        *,
+        online_fraction: float = 0.5,
+        max_online: int = 512,
+        seed: int = 0,
+        prompt_tokens: Callable[[PoolState], int] | None = None,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        self.online_fraction, self.max_online, self.seed = online_fraction, max_online, seed
+        self.prompt_tokens, self.max_prompt_tokens = prompt_tokens, max_prompt_tokens
+        self.counts: Counter = Counter()
+        self.seeds: list[PoolState] = [s for s in seeds if self._fits(s)]
+        if not self.seeds:
+            raise ValueError("the failure-state pool has no usable seed states (see the skipped counts)")
+        self.online: list[PoolState] = []
+        self.pending: list[PoolState] = []
+        self.by_id: dict[str, PoolState] = {}
+        for s in self.seeds:
+            if s.state_id in self.by_id:
+                raise ValueError(f"two seed states share the id {s.state_id}")
+            self.by_id[s.state_id] = s
+        self.retired: set[str] = set()  # states whose environment could not be rebuilt (same on every rank)
+        self._retired_pending: list[str] = []
+        self._local_bad: set[str] = set()  # retired here, not yet gathered from every rank
+
+    def _fits(self, state: PoolState) -> bool:
+        if self.max_prompt_tokens is None or self.prompt_tokens is None:
+            return True
+        if self.prompt_tokens(state) <= self.max_prompt_tokens:
+            return True
+        self.counts["too_long"] += 1
+        return False
+
+    # ------------------------------------------------------------------------------ sampling
+    def dataset(self):
+        """The seed rows as a ``datasets.Dataset`` for TRL (``prompt`` messages stored as JSON)."""
+        from datasets import Dataset, Features, Json, List, Value
+
+        features = Features({"prompt": List(Json()), "task_id": Value("string"), "state_id": Value("string"),
+                             "failure_category": Value("string"), "state_source": Value("string")})  # fmt: skip
+        return Dataset.from_list([s.row() for s in self.seeds], features=features)
+
+    def get(self, state_id: str) -> PoolState:
+        """The state with this id (seed or online). Raises ``KeyError`` naming the id."""
+        try:
+            return self.by_id[state_id]
+        except KeyError:
+            raise KeyError(f"no failure state {state_id!r} in the pool") from None
+
+    def _rng(self, *key: Any) -> random.Random:
+        return random.Random(f"{self.seed}:" + ":".join(map(str, key)))
+
+    def choose(self, state_ids: Sequence[str], step: int, process_index: int, group_size: int) -> list[PoolState]:
+        """The state of each position of a generation batch: the sampled seed row or, per group, an online state.
+
+        Args:
+            state_ids: the ``state_id`` of the rows TRL's sampler gave this process (G consecutive copies
+                per group; a group may start on the previous process).
+            step: the optimiser step (same on every rank).
+            process_index: this process's rank; every rank holds ``len(state_ids)`` positions.
+            group_size: G.
+
+        Returns:
+            One state per position; all positions of a group get the same state on every rank.
+        """
+        out = []
+        for i, sid in enumerate(state_ids):
+            group = (process_index * len(state_ids) + i) // group_size
+            out.append(self._choose_group(sid, step, group))
+        return out
+
+    def _choose_group(self, sampled_id: str, step: int, group: int) -> PoolState:
+        live = [s for s in self.online if s.state_id not in self.retired]
+        rng = self._rng("choose", step, group)
+        if live and rng.random() < self.online_fraction:
+            return live[rng.randrange(len(live))]
+        state = self.get(sampled_id)
+        if state.state_id in self.retired:  # its environment could not be rebuilt: draw another seed
+            return self.draw(step, ("retired", group))
+        return state
+
+    def draw(self, step: int, key: Any, exclude: set[str] | None = None) -> PoolState:
+        """A state drawn afresh (dynamic sampling's replacement groups): online with probability
+        ``online_fraction`` when there are online states, else a seed; seeded by ``(step, key)``."""
+        exclude = set(exclude or ()) | self.retired | self._local_bad
+        rng = self._rng("draw", step, key)
+        online = [s for s in self.online if s.state_id not in exclude]
+        seeds = [s for s in self.seeds if s.state_id not in exclude] or [
+            s for s in self.seeds if s.state_id not in self.retired | self._local_bad]
+        if online and rng.random() < self.online_fraction:
+            return online[rng.randrange(len(online))]
+        if not seeds:
+            raise RuntimeError("every seed state of the pool was retired (their environments could not be rebuilt)")
+        return seeds[rng.randrange(len(seeds))]
+
+    def mark_retired(self, state_id: str) -> None:
+        """Stop choosing a state whose environment could not be rebuilt (its replay diverged): at once for
+        this process's replacement draws, on every rank from the next :meth:`refresh`."""
+        if state_id not in self.retired and state_id not in self._local_bad:
+            self._local_bad.add(state_id)
+            self._retired_pending.append(state_id)
+
+    # ------------------------------------------------------------------------------- refresh
+    def add_candidates(self, states: Iterable[PoolState]) -> None:
+        """Queue new online states found on this process (added at the next :meth:`refresh`)."""
+        self.pending.extend(states)
+
+    def refresh(self, gather: Callable[[list[PoolState]], list[PoolState]] | None = None) -> list[str]:
+        """Add the queued online states of every process (``gather``: e.g. accelerate's ``gather_object``;
+        every rank must call this at the same steps), and retire the states marked on any rank.
+
+        New states are de-duplicated by id, sorted by ``(created_step, state_id)`` (same order on every
+        rank), filtered by prompt length, and appended; beyond ``max_online`` the oldest are evicted.
+
+        Returns:
+            The ids of evicted states (their cached snapshots can be released).
+        """
+        pending, self.pending = self.pending, []
+        everything = gather(pending) if gather is not None else pending
+        bad, self._retired_pending = self._retired_pending, []
+        for sid in sorted(set(gather(bad) if gather is not None else bad)):
+            if sid not in self.retired:
+                self.retired.add(sid)
+                self.counts["retired"] += 1
+        self._local_bad -= self.retired
+        new: dict[str, PoolState] = {}
+        for s in everything:
+            if s.state_id not in self.by_id and s.state_id not in new:
+                new[s.state_id] = s
+        added = 0
+        for s in sorted(new.values(), key=lambda s: (s.created_step, s.state_id)):
+            if not self._fits(s):
+                continue
+            self.online.append(s)
+            self.by_id[s.state_id] = s
+            added += 1
+        self.counts["online_added"] += added
+        evicted = []
+        while len(self.online) > self.max_online:
+            old = self.online.pop(0)
+            del self.by_id[old.state_id]
+            evicted.append(old.state_id)
+        self.counts["online_evicted"] += len(evicted)
+        return evicted
+
+    # --------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The online part of the pool and counters (JSON-able), for checkpoints."""
+        return {"online": [s.to_json() for s in self.online], "pending": [s.to_json() for s in self.pending],
+                "retired": sorted(self.retired), "counts": dict(self.counts)}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (resume)."""
+        for s in self.online:
+            self.by_id.pop(s.state_id, None)
+        self.online = [PoolState.from_json(o) for o in state.get("online", [])]
+        self.pending = [PoolState.from_json(o) for o in state.get("pending", [])]
+        for s in self.online:
+            self.by_id[s.state_id] = s
+        self.retired = set(state.get("retired", []))
+        self.counts = Counter(state.get("counts", {}))
+
+    def __len__(self) -> int:
+        return len(self.seeds) + len(self.online)
+
+
+@dataclass
+class SnapshotCache:
+    """Snapshots of materialised states, least recently used released first (local sandbox).
+
+    A released snapshot's files stay until the last fork started from it stops
+    (:meth:`reterm.sandbox.snapshot.Snapshot.release`), so evicting one in use is safe.
+    """
+
+    max_size: int = 16
+    _items: OrderedDict = field(default_factory=OrderedDict)
+    pinned: set = field(default_factory=set)  # ids in use by the running batch: never evicted
+    hits: int = 0
+    misses: int = 0
+
+    def get(self, state_id: str):
+        snap = self._items.get(state_id)
+        if snap is None or snap.released or not snap.path.exists():
+            self._items.pop(state_id, None)
+            self.misses += 1
+            return None
+        self._items.move_to_end(state_id)
+        self.hits += 1
+        return snap
+
+    def put(self, state_id: str, snap) -> None:
+        old = self._items.pop(state_id, None)
+        if old is not None and old is not snap:
+            old.release()
+        self._items[state_id] = snap
+        self._evict()
+
+    def _evict(self) -> None:
+        for sid in list(self._items):
+            if len(self._items) <= self.max_size:
+                break
+            if sid not in self.pinned:
+                self._items.pop(sid).release()
+
+    def pin(self, state_ids: Iterable[str]) -> None:
+        """Keep these states' snapshots while a batch forks from them (eviction waits for :meth:`unpin`)."""
+        self.pinned |= set(state_ids)
+
+    def unpin(self) -> None:
+        self.pinned.clear()
+        self._evict()
+
+    def discard(self, state_ids: Iterable[str]) -> None:
+        for sid in state_ids:
+            snap = self._items.pop(sid, None)
+            if snap is not None:
+                snap.release()
+
+    def close(self) -> None:
+        """Release every snapshot (end of training)."""
+        while self._items:
+            _, snap = self._items.popitem()
+            snap.release()
+
+    def __len__(self) -> int:
+        return len(self._items)

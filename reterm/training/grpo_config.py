@@ -1,0 +1,148 @@
+"""Configuration of ReTerm-GRPO: TRL's ``GRPOConfig`` plus the fields of multi-turn terminal rollouts.
+
+The trainer (:class:`reterm.training.grpo_trainer.ReTermGRPOTrainer`) keeps TRL's meaning for every
+inherited field; the ones that matter most here:
+
+- ``num_generations`` (G): recovery attempts per failure state (a *group*); each runs in its own fork of
+  the environment at that state.
+- ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` x processes / G: failure states per
+  optimiser step.
+- ``max_completion_length``: the token budget of one attempt, **all turns together**, observation tokens
+  included (as in TRL's own tool loop). ``max_turn_tokens`` caps one turn.
+- ``temperature``/``top_p``: sampling of every turn. ``chat_template_kwargs``: e.g. ``enable_thinking`` for
+  Qwen3.5.
+- ``loss_type`` (TRL default ``dapo``): token-level normalisation over the tokens that carry loss, so
+  masked attempts (infrastructure faults, dropped groups) neither count nor dilute the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+MODES = ("reterm", "standard")
+FORK_METHODS = ("auto", "snapshot", "replay")
+DYNAMIC_SAMPLING = ("none", "skip", "resample")
+
+
+@dataclass
+class ReTermGRPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`ReTermGRPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the ones below.
+
+    Parameters:
+        mode (`str`, *optional*, defaults to `"reterm"`):
+            `"reterm"`: a group starts at a failure state (the agent's own history up to and including the failing
+            step is the prompt, the G completions are recovery attempts from forks of that state). `"standard"`:
+            standard GRPO, a group starts at the task's start (the baseline of the paper's comparison; same tasks,
+            G, turns and token budgets).
+        task_dirs (`list[str]`, *optional*, defaults to `["tasks"]`):
+            Folders holding Harbor task folders; a row's `task_id` is looked up as `<dir>/<task_id>` in order.
+            Relative paths are tried against the working directory, then the repository.
+        environment (`str`, *optional*, defaults to `"local"`):
+            Where attempts run: `"local"` (ReTerm's sandbox, `reterm.sandbox.local`), a Harbor environment type
+            (`"docker"`, `"daytona"`, `"modal"`, ...) or an import path `module:Class`.
+        fork_method (`str`, *optional*, defaults to `"auto"`):
+            How the G attempts get the failure state: `"snapshot"` (snapshot once, fork G times; local sandbox
+            only), `"replay"` (start G fresh environments and re-run the prefix's commands in each; any Harbor
+            environment; a group in which a replay diverged is dropped and counted), `"auto"` (snapshot on the
+            local sandbox, else replay).
+        max_turns (`int`, *optional*, defaults to `30`):
+            Turns generated per attempt (the failure prefix does not count).
+        max_turn_tokens (`int`, *optional*, defaults to `1024`):
+            Tokens generated per turn at most (the attempt's total is `max_completion_length`).
+        command_timeout_s (`float` or `None`, *optional*, defaults to `None`):
+            A command's timeout when the model gives none (`None`: the harness default, 30 s).
+        agent_time_budget_s (`float` or `None`, *optional*, defaults to `None`):
+            Wall time of one attempt (model + commands); `None`: the task's `[agent] timeout_sec`.
+        max_consecutive_parse_errors (`int` or `None`, *optional*, defaults to `3`):
+            End an attempt after this many replies in a row without a valid action.
+        online_state_fraction (`float`, *optional*, defaults to `0.5`):
+            ReTerm mode: probability that a group starts from a failure state of the current policy's own failed
+            attempts (the online part of the pool) instead of a seed state of the dataset, once online states
+            exist. `0` disables the online refresh.
+        pool_refresh_steps (`int`, *optional*, defaults to `1`):
+            Every this many optimiser steps, the failure states localised in failed attempts since the last refresh
+            are added to the pool (gathered from every process, so the pool is identical on every rank).
+        max_online_states (`int`, *optional*, defaults to `512`):
+            Size of the online part of the pool; the oldest states are evicted first.
+        online_states_per_group (`int`, *optional*, defaults to `1`):
+            At most this many new failure states are taken from one group's failed attempts (diversity).
+        max_state_prompt_tokens (`int` or `None`, *optional*, defaults to `None`):
+            Failure states whose prompt is longer than this (tokens, chat template with tools) are left out of the
+            pool (counted).
+        snapshot_cache_size (`int`, *optional*, defaults to `16`):
+            Snapshots of materialised failure states kept for reuse (local sandbox); least recently used released
+            first.
+        dynamic_sampling (`str`, *optional*, defaults to `"none"`):
+            Groups whose rewards are all equal carry no gradient. `"none"`: keep them (their advantages are 0);
+            `"skip"`: also give them zero loss weight; `"resample"`: replace them by groups from newly drawn states
+            (DAPO's dynamic sampling, https://huggingface.co/papers/2503.14476) for up to
+            `dynamic_sampling_max_rounds` rounds, then skip the rest.
+        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `2`):
+            Resampling rounds per step with `dynamic_sampling="resample"`.
+        save_rollouts (`bool`, *optional*, defaults to `True`):
+            Write every attempt's trajectory (JSON lines, one file per step) to `output_dir/rollouts/`.
+    """
+
+    mode: str = field(default="reterm", metadata={"help": "reterm (groups at failure states) or standard (task start)."})
+    task_dirs: list[str] = field(
+        default_factory=lambda: ["tasks"], metadata={"help": "Folders holding the Harbor task folders (task_id lookup)."}
+    )
+    environment: str = field(
+        default="local", metadata={"help": "local, a Harbor environment type (docker, daytona, ...) or module:Class."}
+    )
+    fork_method: str = field(default="auto", metadata={"help": "auto, snapshot (local sandbox) or replay."})
+    max_turns: int = field(default=30, metadata={"help": "Turns generated per attempt (the prefix does not count)."})
+    max_turn_tokens: int = field(default=1024, metadata={"help": "Tokens generated per turn at most."})
+    command_timeout_s: float | None = field(default=None, metadata={"help": "Default command timeout (s)."})
+    agent_time_budget_s: float | None = field(
+        default=None, metadata={"help": "Wall time of one attempt (s); default: the task's [agent] timeout_sec."}
+    )
+    max_consecutive_parse_errors: int | None = field(
+        default=3, metadata={"help": "End an attempt after this many invalid replies in a row."}
+    )
+    online_state_fraction: float = field(
+        default=0.5, metadata={"help": "Share of groups drawn from the policy's own new failure states."}
+    )
+    pool_refresh_steps: int = field(default=1, metadata={"help": "Add new online failure states every N steps."})
+    max_online_states: int = field(default=512, metadata={"help": "Online failure states kept (oldest evicted)."})
+    online_states_per_group: int = field(default=1, metadata={"help": "New failure states taken from one group."})
+    max_state_prompt_tokens: int | None = field(
+        default=None, metadata={"help": "Leave out failure states with longer prompts (tokens)."}
+    )
+    snapshot_cache_size: int = field(default=16, metadata={"help": "Failure-state snapshots kept for reuse."})
+    dynamic_sampling: str = field(default="none", metadata={"help": "none, skip or resample zero-variance groups."})
+    dynamic_sampling_max_rounds: int = field(default=2, metadata={"help": "Resampling rounds per step."})
+    save_rollouts: bool = field(default=True, metadata={"help": "Write attempts' trajectories to output_dir/rollouts."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r} is not one of {MODES}")
+        if self.fork_method not in FORK_METHODS:
+            raise ValueError(f"fork_method: {self.fork_method!r} is not one of {FORK_METHODS}")
+        if self.fork_method == "snapshot" and self.environment != "local":
+            raise ValueError(f"fork_method: 'snapshot' needs environment 'local' (got {self.environment!r}); use replay")
+        if self.dynamic_sampling not in DYNAMIC_SAMPLING:
+            raise ValueError(f"dynamic_sampling: {self.dynamic_sampling!r} is not one of {DYNAMIC_SAMPLING}")
+        if not 0.0 <= self.online_state_fraction <= 1.0:
+            raise ValueError(f"online_state_fraction: {self.online_state_fraction} is not in [0, 1]")
+        for name in ("max_turns", "max_turn_tokens", "pool_refresh_steps", "snapshot_cache_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        if self.max_completion_length is not None and self.max_turn_tokens > self.max_completion_length:
+            raise ValueError(
+                f"max_turn_tokens ({self.max_turn_tokens}) exceeds max_completion_length "
+                f"({self.max_completion_length}), the budget of all turns of an attempt together"
+            )
+        if isinstance(self.task_dirs, str):
+            self.task_dirs = [self.task_dirs]
+
+    @property
+    def resolved_fork_method(self) -> str:
+        """``snapshot`` or ``replay`` (``auto``: snapshot on the local sandbox, replay elsewhere)."""
+        if self.fork_method != "auto":
+            return self.fork_method
+        return "snapshot" if self.environment == "local" else "replay"

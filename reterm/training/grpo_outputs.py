@@ -1,0 +1,151 @@
+"""What a ReTerm-GRPO run leaves next to its checkpoint: learning curves (CSV + PNG) and the summary.
+
+- ``curves.csv``: one row per logged step: TRL's ``loss``, ``reward``, ``reward_std``, ``grad_norm``,
+  ``entropy``, ``learning_rate``, ``completions/mean_length``, and every ``reterm/...`` metric of
+  :class:`reterm.training.grpo_trainer.ReTermGRPOTrainer` (recovery rate per category included).
+- ``curves.png``: reward, recovery rate per error category, zero-variance / infrastructure-fault /
+  dropped-group shares, turns per attempt, fork and rollout time, generated tokens per second.
+- ``training_summary.json``: the model card's inputs (written by ``train/grpo.py`` with
+  :func:`reterm.training.outputs.write_training_summary`).
+
+Every file is written atomically (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+BASE_COLUMNS = ("step", "loss", "reward", "reward_std", "grad_norm", "entropy", "learning_rate",
+                "completions/mean_length", "frac_reward_zero_std")  # fmt: skip
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> Path:
+    from reterm.training.outputs import _write_bytes_atomic as write
+
+    return write(path, data)
+
+
+def curve_rows(log_history: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """``(columns, rows)``: one row per step that logged a ``reward`` (the end-of-training entry is left out)."""
+    entries = [e for e in log_history if "step" in e and "reward" in e]
+    extra = sorted({k for e in entries for k in e if k.startswith("reterm/")})
+    columns = list(BASE_COLUMNS) + extra
+    rows = [{c: e.get(c) for c in columns} for e in entries]
+    return columns, rows
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None and not math.isnan(float(r[key]))]
+    return ([p[0] for p in pts], [float(p[1]) for p in pts]) if pts else ([], [])
+
+
+def write_grpo_curves(log_history: list[dict[str, Any]], out_dir: str | Path, title: str = "ReTerm-GRPO") -> dict[str, Path]:
+    """Write ``curves.csv`` and ``curves.png`` to ``out_dir`` (see the module docstring).
+
+    Returns:
+        ``{"csv": path, "png": path}``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    columns, rows = curve_rows(log_history)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_path = _write_bytes_atomic(out / "curves.csv", buf.getvalue().encode())
+
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    panels = [
+        (axes[0][0], "reward", [("reward", "reward (verifier)"), ("reterm/reward_mean", "reward, scored attempts")]),
+        (axes[0][1], "recovery rate", [(c, c.split("/")[-1]) for c in columns if c.startswith("reterm/recovery_rate/")]),
+        (axes[0][2], "share", [("reterm/zero_variance_group_share", "zero-variance groups"),
+                               ("reterm/infra_fault_share", "infrastructure faults"),
+                               ("reterm/dropped_group_share", "dropped groups"),
+                               ("reterm/skipped_microbatch_share", "skipped micro-batches (zero gradient)")]),
+        (axes[1][0], "turns per attempt", [("reterm/turns_per_attempt", "turns")]),
+        (axes[1][1], "seconds", [("reterm/fork_s", "fork per group"), ("reterm/rollout_s", "rollout")]),
+        (axes[1][2], "generated tokens / s", [("reterm/tokens_per_s", "tokens/s")]),
+    ]  # fmt: skip
+    for ax, ylabel, series in panels:
+        drawn = False
+        for key, label in series:
+            xs, ys = _series(rows, key)
+            if xs:
+                ax.plot(xs, ys, marker=".", label=label)
+                drawn = True
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    png_path = _write_bytes_atomic(out / "curves.png", png.getvalue())
+    return {"csv": csv_path, "png": png_path}
+
+
+def recovery_table(totals: dict[str, float]) -> str:
+    """Markdown table of recovery rate per error category over the whole run (from the trainer's ``totals``)."""
+    cats = sorted(k.split("/", 1)[1] for k in totals if k.startswith("cat_attempts/"))
+    lines = ["| category | attempts | recovered | recovery rate |", "|---|---:|---:|---:|"]
+    for c in cats:
+        n, ok = totals[f"cat_attempts/{c}"], totals.get(f"cat_passed/{c}", 0)
+        lines.append(f"| {c} | {int(n)} | {int(ok)} | {ok / n:.2f} |" if n else f"| {c} | 0 | 0 | - |")
+    return "\n".join(lines)
+
+
+def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
+    """Whole-run counts recomputed from the attempts written to ``output_dir/rollouts/`` (a resumed run's
+    rounds before the resume included), with the keys of ``ReTermGRPOTrainer.totals``: ``groups``,
+    ``attempts``, ``scored``, ``passed``, ``infra``, ``zero_variance_groups``, ``dropped_<kind>``,
+    ``cat_attempts/<category>`` and ``cat_passed/<category>`` (ReTerm mode: the state's category; standard
+    mode: the categories localised in each scored attempt). Files of one round are read once (the latest
+    write of a round wins).
+    """
+    from reterm.recovery import localise
+    from reterm.trajectory import Trajectory
+
+    totals: Counter = Counter()
+    for path in sorted(Path(folder).glob("round-*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        groups: dict[int, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(r["group"], []).append(r)
+        for members in groups.values():
+            totals["groups"] += 1
+            dropped = members[0].get("dropped")
+            if dropped:
+                totals[f"dropped_{dropped.split(':', 1)[0]}"] += 1
+            scored = [m for m in members if m["reward"] is not None]
+            if scored and len({m["reward"] for m in scored}) == 1 and not dropped:
+                totals["zero_variance_groups"] += 1
+            for m in members:
+                totals["attempts"] += 1
+                totals["infra"] += m.get("mask_reason") == "infra_fault"
+                if m["reward"] is None:
+                    continue
+                passed = m["outcome"] == "success"
+                totals["scored"] += 1
+                totals["passed"] += passed
+                if mode == "standard" and m.get("trajectory"):
+                    traj = Trajectory.model_validate(m["trajectory"])
+                    cats = sorted({fs.category for fs in localise(traj, include_history=True).states})
+                else:
+                    cats = [m.get("category") or "unknown"]
+                for c in cats:
+                    totals[f"cat_attempts/{c}"] += 1
+                    totals[f"cat_passed/{c}"] += passed
+    return totals

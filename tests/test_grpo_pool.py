@@ -1,0 +1,123 @@
+"""The failure-state pool of ReTerm-GRPO (reterm.training.failure_pool): seeds from ReTerm-10K records,
+per-group choices identical on every rank, the online refresh, retirement and checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from datasets import load_dataset
+
+from reterm.agent.protocol import initial_messages
+from reterm.policies.scripted import bash_call
+from reterm.policies.transformers_policy import template_messages
+from reterm.training.failure_pool import (
+    FailurePool,
+    PoolState,
+    online_states_from_attempt,
+    resolve_task_dir,
+    seed_states_from_records,
+    task_start_states,
+)
+from reterm.trajectory import Action, Outcome, Step, Trajectory
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SEED = FIXTURES / "grpo_seed"
+TASK_DIRS = ["tasks", str(FIXTURES / "tasks")]
+
+
+@pytest.fixture(scope="module")
+def records():
+    return load_dataset(str(SEED), split="train")
+
+
+def test_seed_states_from_records(records):
+    states, skipped = seed_states_from_records(records, TASK_DIRS)
+    assert len(states) == len(records) == 6 and not skipped
+    assert {s.category for s in states} >= {"path_permission", "missing_dependency", "wrong_command"}
+    for s, r in zip(states, records):
+        assert s.prompt[-1]["role"] == "tool" and s.prompt[-1]["content"] == r["failure_output"]
+        assert s.replay_commands == list(r["replay_commands"])
+        assert Path(s.task_dir) == resolve_task_dir(r["task_id"], TASK_DIRS)
+        assert all(step.from_history for step in s.history)
+    # the SFT fixture's tasks are not runnable task folders: skipped and counted, never guessed
+    mini = load_dataset(str(FIXTURES / "reterm10k_mini"), split="train")
+    none, why = seed_states_from_records(mini, TASK_DIRS)
+    assert none == [] and why == {"unknown_task": len(mini)}
+    # test-split tasks are never trained on
+    rows = [dict(records[2], task_id="semver-sort")]
+    none, why = seed_states_from_records(rows, TASK_DIRS)
+    assert none == [] and why == {"excluded_task": 1}
+    with pytest.raises(ValueError, match="test split"):
+        task_start_states(["semver-sort"], TASK_DIRS)
+
+
+def _state(i: int, source: str = "seed") -> PoolState:
+    return PoolState(state_id=f"s{i}", task_id="hello-file", task_dir="/nowhere", prompt=initial_messages(f"task {i}"),
+                     category="other", source=source)  # fmt: skip
+
+
+def test_choices_are_identical_on_every_rank_and_mix_online_states():
+    seeds = [_state(i) for i in range(6)]
+    online = [_state(100 + i, "online") for i in range(4)]
+    pools = [FailurePool(seeds, online_fraction=0.5, seed=7) for _ in range(2)]  # two ranks
+    for p in pools:
+        p.add_candidates(online)
+        p.refresh()
+    # a batch of 6 positions per rank, G=4: the group of positions 4..7 spans both ranks
+    sampled = ["s0"] * 4 + ["s1"] * 4 + ["s2"] * 4
+    per_rank = [pools[r].choose(sampled[6 * r : 6 * r + 6], step=3, process_index=r, group_size=4) for r in range(2)]
+    flat = [s.state_id for r in per_rank for s in r]
+    groups = [flat[k : k + 4] for k in range(0, 12, 4)]
+    assert all(len(set(g)) == 1 for g in groups)  # one state per group, on both sides of the rank boundary
+    again = [s.state_id for r in range(2) for s in pools[r].choose(sampled[6 * r : 6 * r + 6], 3, r, 4)]
+    assert again == flat  # seeded: the same step gives the same choice
+    # over many steps about half the groups start from online states, the others keep the sampled row
+    chosen = [pools[0].choose(["s5"] * 4, step, 0, 4)[0] for step in range(400)]
+    share = sum(s.source == "online" for s in chosen) / len(chosen)
+    assert 0.4 < share < 0.6
+    assert {s.state_id for s in chosen if s.source == "seed"} == {"s5"}
+
+
+def test_refresh_gathers_every_rank_dedups_evicts_and_retires():
+    seeds = [_state(i) for i in range(3)]
+    pools = [FailurePool(seeds, online_fraction=1.0, max_online=3, seed=0) for _ in range(2)]
+    pools[0].add_candidates([_state(10, "online"), _state(11, "online")])
+    pools[1].add_candidates([_state(11, "online"), _state(12, "online"), _state(13, "online")])
+    pools[1].mark_retired("s1")
+    pending = [list(p.pending) for p in pools]
+    retired = [list(p._retired_pending) for p in pools]
+    calls = {0: iter([sum(pending, []), sum(retired, [])]), 1: iter([sum(pending, []), sum(retired, [])])}
+    evicted = [pools[r].refresh(gather=lambda _x, r=r: next(calls[r])) for r in range(2)]  # an all-gather
+    assert [s.state_id for s in pools[0].online] == [s.state_id for s in pools[1].online] == ["s11", "s12", "s13"]
+    assert evicted == [["s10"], ["s10"]]
+    assert pools[0].retired == pools[1].retired == {"s1"}
+    assert all(pools[0].draw(step, "k").state_id != "s1" for step in range(50))
+    # checkpoints keep the online part
+    other = FailurePool(seeds, online_fraction=1.0, max_online=3, seed=0)
+    other.load_state_dict(pools[0].state_dict())
+    assert [s.state_id for s in other.online] == ["s11", "s12", "s13"] and other.retired == {"s1"}
+    assert other.get("s12").prompt == _state(12).prompt
+
+
+def test_online_state_from_a_failed_attempt():
+    parent_steps = [
+        Step(index=0, model_text=bash_call("cd /app"), action=Action(tool="bash", command="cd /app"),
+             observation="(no output)\n[exit status: 0]", exit_status=0, from_history=True),
+    ]  # fmt: skip
+    attempt = Trajectory(task_id="hello-file", instruction="Create /app/hello.txt.", system_prompt=initial_messages("")[0]["content"],
+                         steps=parent_steps + [
+                             Step(index=1, model_text=bash_call("jq . x.json"), action=Action(tool="bash", command="jq . x.json"),
+                                  observation="bash: jq: command not found\n[exit status: 127]", exit_status=127),
+                             Step(index=2, model_text=bash_call("ls"), action=Action(tool="bash", command="ls"),
+                                  observation="(no output)\n[exit status: 0]", exit_status=0),
+                         ], prefix_len=1)  # fmt: skip
+    attempt.set_reward(0.0)
+    parent = PoolState("p", "hello-file", "/nowhere", attempt.to_messages(upto=1), "other")
+    (state,) = online_states_from_attempt(attempt, parent, step=4)
+    assert state.category == "missing_dependency" and state.source == "online" and state.parent_id == "p"
+    assert state.prompt[-1]["content"].startswith("bash: jq: command not found") and len(state.history) == 2
+    assert template_messages(state.prompt[: len(parent.prompt)]) == template_messages(parent.prompt)
+    assert state.created_step == 4
+    attempt.outcome = Outcome.SANDBOX_ERROR  # infrastructure faults never become failure states
+    assert online_states_from_attempt(attempt, parent, step=4) == []
