@@ -1,0 +1,963 @@
+"""Helpers of ``train/run_all.sh``: the parts of running a stage that are awkward in bash.
+
+``train/run_all.sh`` holds the stage list and each stage's command; this file only runs them and reports::
+
+    python train/stages.py run --run-dir RUN --stage NAME [--outputs PATH]... [--later NAME]... [--force] -- CMD...
+    python train/stages.py record --run-dir RUN --stage setup --wall-s 12.3        # a stage timed by the shell
+    python train/stages.py eval-config --run-dir RUN --base eval/configs/local.yaml --out RUN/eval/config.yaml \\
+        [--trials 2] [--max-tasks N] [--max-turns N] [--max-new-tokens N] [--max-states N] [--state-turns N]
+    python train/stages.py recipe RUN/sft/command.json --out RUN/cards/recipes/sft.yaml   # recipe + CLI overrides
+    python train/stages.py with-vllm --serve NAME=CHECKPOINT@PORT ... -- CMD...             # 9B recipe only
+    python train/stages.py summary --run-dir RUN
+
+**Stages** (``run``): the command runs with its output shown and appended to ``RUN/logs/NAME.log``. While it
+runs, its whole process tree (sandboxes included) is sampled once a second: the peak of its resident memory
+(:func:`tree_memory_kb`: private pages of every process plus the largest file-backed set, so shared
+libraries are not counted once per process) and the 1-minute load average. When it exits 0, ``RUN/stages/NAME.json`` records the
+command, wall time, peak memory and load: that file means "this stage's outputs are complete", and the
+same command is skipped on the next run. A stage that was killed has no such file and runs again (the
+time and peak of the interrupted attempts, kept in ``RUN/stages/NAME.running.json`` every 5 s, are added
+to its record: ``wall_s`` covers every attempt, ``last_attempt_wall_s`` the last one); each
+stage's own tool then resumes from its journal or checkpoints (``pipeline.build``'s journal, the trainers'
+``checkpoint-*``, Harbor's job folders). A stage that runs invalidates the records of the stages after it
+(``--later``), since their inputs changed; ``--force`` deletes the stage's outputs first (a fresh start).
+
+``run`` and ``record`` use only the standard library, so the set-up stage can run before ``.venv`` exists.
+Written for this kit: no library offers a resumable stage runner with per-stage memory accounting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+# The four models of the final table: eval name -> (label, run sub-folder of the checkpoint or None for the base).
+MODELS = {
+    "base": ("base model", None),
+    "sft": ("SFT", "sft"),
+    "grpo-standard": ("standard GRPO", "grpo-standard"),
+    "grpo-reterm": ("ReTerm-GRPO", "grpo-reterm"),
+}
+# Other names of the same four models in an eval config (eval/configs/terminal-bench-2.0.yaml, this kit's harness).
+ALIASES = {
+    "base": ["reterm-base"],
+    "sft": ["reterm-sft"],
+    "grpo-standard": ["reterm-grpo-standard"],
+    "grpo-reterm": ["reterm-grpo"],
+}
+
+
+# ----------------------------------------------------------------------------------- small utilities
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``3725.2`` -> ``"1h02m05s"``, ``65`` -> ``"1m05s"``, ``None`` -> ``"-"``."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def fmt_mb(mb: float | None) -> str:
+    """Megabytes as ``"812 MB"`` or ``"3.4 GB"``; ``None`` -> ``"-"``."""
+    if mb is None:
+        return "-"
+    return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+def marker_path(run_dir: Path, stage: str) -> Path:
+    """Where the completion record of ``stage`` lives (``RUN/stages/NAME.json``)."""
+    return Path(run_dir) / "stages" / f"{stage}.json"
+
+
+def read_marker(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The completion record of ``stage``, or ``None`` when the stage has not completed."""
+    try:
+        return json.loads(marker_path(run_dir, stage).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------- memory sampling
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its descendants (from ``/proc/*/stat`` parent ids; Linux only)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                data = fh.read()
+            ppid = int(data[data.rfind(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[ppid].append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def memory_kb(pid: int) -> tuple[int, int]:
+    """``(private_kb, file_kb)`` of a process from ``/proc/PID/status``: its resident anonymous plus
+    shared-memory pages (``RssAnon + RssShmem``) and its resident file-backed pages (``RssFile``: shared
+    libraries, memory-mapped model files). ``(0, 0)`` when the process is gone or not readable.
+
+    ``/proc/PID/status`` holds counters, so this costs microseconds; ``smaps_rollup`` (exact PSS) walks the
+    page tables and took about a second per sample for a 6 GB training process, slowing it down.
+    """
+    anon = shmem = file = 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"RssAnon:"):
+                    anon = int(line.split()[1])
+                elif line.startswith(b"RssShmem:"):
+                    shmem = int(line.split()[1])
+                elif line.startswith(b"RssFile:"):
+                    file = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return anon + shmem, file
+
+
+def tree_memory_kb(root: int) -> int:
+    """Resident memory of a process tree (KiB): the private (anonymous + shared-memory) pages of every
+    process, plus the largest file-backed resident set among them: libraries and model files that several
+    processes map are counted once, not once per process."""
+    private, largest_file = 0, 0
+    for pid in tree_pids(root):
+        p, f = memory_kb(pid)
+        private += p
+        largest_file = max(largest_file, f)
+    return private + largest_file
+
+
+def loadavg() -> float | None:
+    """The 1-minute load average, or ``None`` where ``/proc/loadavg`` is missing."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class TreeSampler(threading.Thread):
+    """Samples the resident memory of a process tree (:func:`tree_memory_kb`) and the load average every
+    ``interval`` seconds.
+
+    Attributes:
+        peak_kb: the largest tree memory seen (KiB).
+        loads: the load averages seen.
+    """
+
+    def __init__(
+        self, root: int, interval: float = 1.0, progress: Path | None = None, progress_every: float = 5.0,
+        progress_extra: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.peak_kb, self.loads = 0, []
+        self.progress, self.progress_every, self.progress_extra = progress, progress_every, progress_extra or {}
+        self._t0 = time.monotonic()
+        self._stop_event = threading.Event()
+
+    def sample(self) -> None:
+        self.peak_kb = max(self.peak_kb, tree_memory_kb(self.root))
+        load = loadavg()
+        if load is not None:
+            self.loads.append(load)
+
+    def write_progress(self) -> None:
+        """Write ``progress`` (when given): the elapsed seconds and peak so far, so that an attempt killed
+        with ``kill -9`` still counts in the stage's time (see :func:`run_stage`)."""
+        if self.progress is not None:
+            _write_json_atomic(self.progress, {**self.progress_extra, "elapsed_s": round(time.monotonic() - self._t0, 1),
+                                               "peak_mem_mb": round(self.peak_kb / 1024, 1)})  # fmt: skip
+
+    def run(self) -> None:
+        last = 0.0
+        while not self._stop_event.is_set():
+            self.sample()
+            if self.progress is not None and time.monotonic() - last >= self.progress_every:
+                self.write_progress()
+                last = time.monotonic()
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+
+# ------------------------------------------------------------------------------------- run a stage
+def _digest(paths: list[Path]) -> dict[str, str | None]:
+    import hashlib
+
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.is_file() else None for p in paths}
+
+
+def run_stage(
+    run_dir: Path,
+    stage: str,
+    command: list[str],
+    outputs: list[Path],
+    later: list[str],
+    force: bool = False,
+    label: str = "",
+    watch: list[Path] | None = None,
+    always: bool = False,
+) -> int:
+    """Run one stage (see the module docstring); returns the command's exit status (0 when skipped).
+
+    Args:
+        run_dir: the run's folder (``RUN``).
+        stage: the stage's name (``data``, ``sft``...).
+        command: the command and its arguments.
+        outputs: files/folders the stage writes (deleted first with ``force``).
+        later: the stages after this one; their completion records are removed when this one runs.
+        force: start the stage afresh even if it completed.
+        label: a one-line description printed in the banner.
+        watch: input files whose content is part of the stage's identity (a config the command names):
+            a changed file makes a completed stage run again, like a changed command.
+        always: run even when completed (the set-up: it checks what is missing itself); its record is
+            replaced only when this run took longer than 10 s (installed something) or there was none.
+    """
+    run_dir = Path(run_dir)
+    done = read_marker(run_dir, stage)
+    inputs = _digest(list(watch or []))
+    same = done is not None and done.get("command") == command and done.get("inputs", {}) == inputs
+    if same and not force and not always:
+        print(
+            f"==> {stage}: done already ({fmt_duration(done.get('wall_s'))}, finished {done.get('finished_at')}); "
+            f"skipped (--force re-runs it)",
+            flush=True,
+        )
+        return 0
+    if done is not None and not same and not force:
+        print(f"==> {stage}: its command or inputs changed since it completed; running it again", flush=True)
+    if not always:
+        marker_path(run_dir, stage).unlink(missing_ok=True)
+    for name in later:
+        if marker_path(run_dir, name).exists():
+            marker_path(run_dir, name).unlink()
+            print(f"    ({name} will run again: its inputs change)", flush=True)
+    if force:
+        for out in outputs:
+            if out.is_dir() and not out.is_symlink():
+                shutil.rmtree(out)
+            elif out.exists() or out.is_symlink():
+                out.unlink()
+    # Earlier attempts of this stage that did not complete (killed, crashed): their time and peak count in
+    # the stage's record, since the stage resumes from their work. RUN/stages/NAME.running.json is rewritten
+    # every 5 s while an attempt runs (so a kill -9 loses at most 5 s of accounting) and removed on success.
+    running = run_dir / "stages" / f"{stage}.running.json"
+    earlier = {"earlier_s": 0.0, "earlier_peak_mb": 0.0, "earlier_attempts": 0}
+    if running.exists() and not force:
+        prev = _load_json(running) or {}
+        earlier = {"earlier_s": float(prev.get("earlier_s") or 0) + float(prev.get("elapsed_s") or 0),
+                   "earlier_peak_mb": max(float(prev.get("earlier_peak_mb") or 0), float(prev.get("peak_mem_mb") or 0)),
+                   "earlier_attempts": int(prev.get("earlier_attempts") or 0) + 1}  # fmt: skip
+        print(f"    (resuming after {earlier['earlier_attempts']} interrupted attempt(s), "
+              f"{fmt_duration(earlier['earlier_s'])} so far)", flush=True)  # fmt: skip
+    log_path = run_dir / "logs" / f"{stage}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"\n==> {stage}{': ' + label if label else ''}\n    $ {' '.join(command)}\n    log: {log_path}", flush=True)
+    started, t0 = _now(), time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "ab") as log:
+        log.write(f"\n# {started} {' '.join(command)}\n".encode())
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        sampler = TreeSampler(proc.pid, progress=running, progress_extra={"started_at": started, **earlier})
+        sampler.start()
+        assert proc.stdout is not None
+        out = getattr(sys.stdout, "buffer", None)
+        try:
+            while True:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                log.write(chunk)
+                log.flush()
+                if out is not None:  # bytes as they come: progress bars' carriage returns pass through
+                    out.write(chunk)
+                    out.flush()
+                else:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+            code = proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached the stage too (same process group): let it finish dying
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait()
+        finally:
+            sampler.stop()
+            sampler.write_progress()
+    wall = time.monotonic() - t0
+    import resource
+
+    max_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak_mb = max(sampler.peak_kb / 1024, earlier["earlier_peak_mb"])
+    loads = sampler.loads
+    record = {
+        "stage": stage,
+        "command": command,
+        "started_at": started,
+        "finished_at": _now(),
+        "wall_s": round(wall + earlier["earlier_s"], 1),  # interrupted attempts included
+        "last_attempt_wall_s": round(wall, 1),
+        "interrupted_attempts": earlier["earlier_attempts"],
+        "peak_mem_mb": round(peak_mb, 1),
+        "max_process_rss_mb": round(max_rss_mb, 1),
+        "load_avg_mean": round(sum(loads) / len(loads), 2) if loads else None,
+        "cpus": os.cpu_count(),
+        "exit_code": code,
+        "inputs": inputs,
+    }
+    if code == 0:
+        running.unlink(missing_ok=True)
+        (run_dir / "stages" / f"{stage}.failed.json").unlink(missing_ok=True)
+        if not always or done is None or wall > 10 or force:
+            _write_json_atomic(marker_path(run_dir, stage), record)
+        print(
+            f"<== {stage}: done in {fmt_duration(wall)}"
+            + (f" ({fmt_duration(record['wall_s'])} with the interrupted attempts)" if earlier["earlier_attempts"] else "")
+            + f"; peak memory {fmt_mb(peak_mb)} (its whole process tree), "
+            f"mean load {record['load_avg_mean']} on {record['cpus']} CPUs",
+            flush=True,
+        )
+    else:
+        _write_json_atomic(run_dir / "stages" / f"{stage}.failed.json", record)
+        print(f"<== {stage}: FAILED (exit {code}) after {fmt_duration(wall)}; see {log_path}. Fix the cause and run "
+              f"the same command again: the stage resumes (or add `--only {stage} --force` to start it afresh).",
+              flush=True)  # fmt: skip
+    return code
+
+
+def record_stage(run_dir: Path, stage: str, wall_s: float, command: list[str]) -> None:
+    """Record a stage that the shell ran and timed itself (the set-up, before Python packages exist)."""
+    _write_json_atomic(marker_path(run_dir, stage), {
+        "stage": stage, "command": command, "finished_at": _now(), "wall_s": round(wall_s, 1),
+        "peak_mem_mb": None, "max_process_rss_mb": None, "load_avg_mean": loadavg(), "cpus": os.cpu_count(),
+        "exit_code": 0,
+    })  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ eval config
+def eval_config(
+    run_dir: Path,
+    base: Path,
+    out: Path,
+    trials: int | None = None,
+    max_tasks: int | None = None,
+    max_turns: int | None = None,
+    max_new_tokens: int | None = None,
+    max_states: int | None = None,
+    state_turns: int | None = None,
+    state_attempts: int | None = None,
+) -> dict[str, Any]:
+    """Write the eval config of a run: ``base``'s dataset, environment, timeouts and agent settings, with
+    the four models of the run (:data:`MODELS`) instead of ``base``'s models.
+
+    The agent settings (``kwargs``) of ``base``'s first ``reterm`` model with a ``smollm2``/``hf:`` policy
+    are given to all four models, so they run with the same harness limits; the sizes given here replace
+    ``base``'s. Paths in the written config are relative to the repository root (``eval.run`` runs there).
+
+    Returns:
+        The config written (a dict).
+
+    Raises:
+        ValueError: ``base`` has no ``reterm`` model to take the agent settings from, or a checkpoint of
+            the run is missing (the stage that makes it has not run).
+    """
+    import copy
+
+    import yaml
+
+    data = yaml.safe_load(Path(base).read_text())
+    template = next((m for m in data.get("models", []) if m.get("agent", "reterm") == "reterm"
+                     and str(m.get("policy", "")).split(":")[0] in ("smollm2", "hf")), None)  # fmt: skip
+    if template is None:
+        raise ValueError(f"{base}: no model with agent reterm and a smollm2/hf: policy to copy the agent settings from")
+    kwargs = copy.deepcopy(template.get("kwargs") or {})
+    if max_turns is not None:
+        kwargs["max_turns"] = max_turns
+    if max_new_tokens is not None:
+        kwargs.setdefault("policy_kwargs", {})["max_new_tokens"] = max_new_tokens
+    run_dir = Path(run_dir)
+    models = []
+    for name, (_, sub) in MODELS.items():
+        if sub is None:
+            policy = template["policy"]
+        else:
+            ckpt = run_dir / sub / "merged"
+            if not (ckpt / "config.json").is_file():
+                ckpt = run_dir / sub
+            if not (ckpt / "config.json").is_file():
+                raise ValueError(f"{run_dir / sub}: no checkpoint (config.json); run the {sub} stage first")
+            policy = f"hf:{_rel(ckpt)}"
+        models.append({"name": name, "agent": "reterm", "policy": policy, "kwargs": copy.deepcopy(kwargs)})
+    data["models"] = models
+    data["name"] = f"run_all-{run_dir.name}"
+    data["output_dir"] = _rel(run_dir / "eval")
+    if trials is not None:
+        data["trials"] = trials
+    if max_tasks is not None:
+        data.setdefault("dataset", {})["n_tasks"] = max_tasks
+    rec = data.get("recovery_from_states")
+    if rec is not None:
+        rec["from_models"] = [m for m in rec.get("from_models", []) if m in MODELS] or ["base"]
+        rec.pop("models", None)  # every model of the run
+        if max_states is not None:
+            rec["max_states"] = max_states
+        if state_turns is not None:
+            rec["max_turns"] = state_turns
+        if state_attempts is not None:
+            rec["attempts"] = state_attempts
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# Written by train/stages.py eval-config from {_rel(Path(base))} for the run {_rel(run_dir)};\n"
+        "# regenerated by each run of the eval stage (edit the base config or run_all.sh's sizes instead).\n"
+    )
+    out.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    return data
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository root when it is inside it, else absolute."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+# ---------------------------------------------------------------------------------- effective recipe
+def effective_recipe(command_json: Path, out: Path) -> dict[str, Any]:
+    """The recipe a training stage really ran with: its ``--config`` YAML plus the ``--key value``
+    overrides of its command line (``command.json`` written by ``train/sft.py``/``train/grpo.py``), so the
+    model card shows what was run. Values are parsed as YAML scalars (``10`` -> 10, ``false`` -> False).
+
+    Raises:
+        ValueError: ``command.json`` has no ``--config``.
+    """
+    import yaml
+
+    info = json.loads(Path(command_json).read_text())
+    argv = [str(a) for a in (info["argv"] if isinstance(info, dict) else info)]
+    if "--config" not in argv:
+        raise ValueError(f"{command_json}: the command has no --config recipe")
+    recipe_path = Path(argv[argv.index("--config") + 1])
+    if not recipe_path.is_absolute():
+        recipe_path = REPO / recipe_path
+    data = yaml.safe_load(recipe_path.read_text()) or {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and arg != "--config":
+            key = arg[2:]
+            values = []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                values.append(argv[i + 1])
+                i += 1
+            if "=" in key:
+                key, v = key.split("=", 1)
+                values = [v]
+            parsed = [yaml.safe_load(v) for v in values]
+            data[key] = True if not parsed else parsed[0] if len(parsed) == 1 else parsed
+        elif arg == "--config":
+            i += 1
+        i += 1
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        f"# {recipe_path.relative_to(REPO) if recipe_path.is_relative_to(REPO) else recipe_path} "
+        "with the command-line overrides of this run (train/stages.py recipe)\n" + yaml.safe_dump(data, sort_keys=False)
+    )
+    return data
+
+
+# ----------------------------------------------------------------------------------- cards, publish
+def cards(
+    run_dir: Path, dataset_repo: str, model_repo: str, space_repo: str, base_model: str | None, publish: bool = False
+) -> int:
+    """The cards stage: the effective recipes of the ReTerm-GRPO model's training stages, then
+    ``reterm publish dataset|model|space`` for the run's dataset, ReTerm-GRPO checkpoint and ``space/``:
+    with ``--dry-run --stage-dir RUN/cards/KIND`` (the exact folders that would be uploaded, rendered cards
+    included), or for real with ``publish`` (needs a Hub token). Returns 0, or the first failing command's
+    exit status."""
+    run_dir = Path(run_dir)
+    out = run_dir / "cards"
+    recipes = []
+    for name, sub in (("sft", "sft"), ("grpo", "grpo-reterm")):
+        dst = out / "recipes" / f"{name}.yaml"
+        effective_recipe(run_dir / sub / "command.json", dst)
+        recipes.append(dst)
+    ckpt = run_dir / "grpo-reterm" / "merged"
+    if not (ckpt / "config.json").is_file():
+        ckpt = run_dir / "grpo-reterm"
+    reterm = [sys.executable, "-m", "reterm.cli", "publish"]
+    model = ["model", "--repo-id", model_repo, "--folder", str(ckpt)]
+    for r in recipes:
+        model += ["--recipe", str(r)]
+    results = run_dir / "eval" / "results.json"
+    if results.is_file():
+        model += ["--results", str(results), "--eval-name", _eval_name(results, "grpo-reterm")]
+    model += ["--dataset", dataset_repo] + (["--base-model", base_model] if base_model else [])
+    commands = {
+        "dataset": ["dataset", "--repo-id", dataset_repo, "--folder", str(run_dir / "data")],
+        "model": model,
+        "space": ["space", "--repo-id", space_repo, "--folder", str(REPO / "space")],
+    }
+    for kind, args in commands.items():
+        if not publish:
+            stage_dir = out / kind
+            if stage_dir.exists():
+                shutil.rmtree(stage_dir)
+            args = args + ["--dry-run", "--stage-dir", str(stage_dir)]
+        print(f"[cards] $ reterm publish {' '.join(args)}", flush=True)
+        code = subprocess.call(reterm + args)
+        if code:
+            return code
+    where = "published to the Hub" if publish else f"staged under {out} (dry-run; nothing was uploaded)"
+    print(
+        f"[cards] dataset, model and Space {where}; cards: {out}/dataset/README.md, {out}/model/README.md", flush=True
+    )
+    return 0
+
+
+def _eval_name(results: Path, name: str) -> str:
+    """``name`` or its alias (:data:`ALIASES`) as found among ``results.json``'s models."""
+    names = {m.get("name") for m in (_load_json(results) or {}).get("models", [])}
+    return next((n for n in [name, *ALIASES.get(name, [])] if n in names), name)
+
+
+# ------------------------------------------------------------------------------------- vLLM servers
+def gpu_count() -> int:
+    """GPUs visible to this process (``nvidia-smi -L``; 0 without NVIDIA tools)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def parse_serve(spec: str) -> tuple[str, str, int]:
+    """``NAME=CHECKPOINT@PORT`` -> ``(name, checkpoint, port)``. Raises ``ValueError`` naming the spec."""
+    try:
+        name, rest = spec.split("=", 1)
+        ckpt, port = rest.rsplit("@", 1)
+        return name, ckpt, int(port)
+    except ValueError:
+        raise ValueError(
+            f"--serve {spec!r}: expected NAME=CHECKPOINT@PORT (e.g. reterm-9b-sft=runs/x/sft@8001)"
+        ) from None
+
+
+def vllm_commands(serves: list[tuple[str, str, int]], n_gpus: int, extra: list[str]) -> list[tuple[list[str], str]]:
+    """The ``vllm serve`` command of each server and its ``CUDA_VISIBLE_DEVICES``: the GPUs are split
+    evenly (tensor parallel = GPUs per server, a power of two).
+
+    Raises:
+        ValueError: fewer GPUs than servers.
+    """
+    if n_gpus < len(serves):
+        raise ValueError(f"{len(serves)} vLLM servers need at least {len(serves)} GPUs, {n_gpus} visible")
+    per = n_gpus // len(serves)
+    tp = 1 << (per.bit_length() - 1)
+    out = []
+    for i, (name, ckpt, port) in enumerate(serves):
+        devices = ",".join(str(g) for g in range(i * per, i * per + tp))
+        cmd = ["vllm", "serve", ckpt, "--served-model-name", name, "--port", str(port),
+               "--tensor-parallel-size", str(tp), *extra]  # fmt: skip
+        out.append((cmd, devices))
+    return out
+
+
+def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: Path, timeout_s: float = 1800) -> int:
+    """Start one ``vllm serve`` per ``NAME=CHECKPOINT@PORT`` (logs in ``log_dir``), wait until each answers
+    ``/v1/models``, run ``command``, then stop the servers. Returns the command's exit status (1 when a
+    server fails to come up)."""
+    import urllib.request
+
+    parsed = [parse_serve(s) for s in serves]
+    procs = []
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for cmd, devices in vllm_commands(parsed, gpu_count(), extra):
+            log = open(log_dir / f"{cmd[4]}.log", "ab")
+            print(f"[vllm] CUDA_VISIBLE_DEVICES={devices} {' '.join(cmd)}  (log {log.name})", flush=True)
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env={**os.environ, "CUDA_VISIBLE_DEVICES": devices}))  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        for (name, _, port), proc in zip(parsed, procs):
+            url = f"http://127.0.0.1:{port}/v1/models"
+            while True:
+                if proc.poll() is not None:
+                    print(f"[vllm] the server of {name} exited with {proc.returncode}; see {log_dir}", flush=True)
+                    return 1
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as resp:
+                        if resp.status == 200:
+                            print(f"[vllm] {name} ready on port {port}", flush=True)
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    print(f"[vllm] {name} not ready after {timeout_s:.0f} s; see {log_dir}", flush=True)
+                    return 1
+                time.sleep(5)
+        return subprocess.call(command)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------ summary
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _overall(block: dict[str, Any] | None, num: str = "recovered", den: str = "failure_states") -> str:
+    """``"3/12 (25.0%)"`` summed over the categories of a recovery block; ``"-"`` when empty."""
+    if not block:
+        return "-"
+    if den == "failure_states" and any("attempts" in v for v in block.values()):
+        den = "attempts"
+    n = sum(int(v.get(num) or 0) for v in block.values())
+    d = sum(int(v.get(den) or 0) for v in block.values())
+    return f"{n}/{d} ({_pct(n / d)})" if d else "-"
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str, Any]]:
+    """The final report of a run: the four models' scores, recovery per category, training, time and
+    memory per stage, where the artefacts are, and how to open the Space. Returns ``(markdown, data)``.
+
+    Missing inputs (a stage not run yet) leave ``-`` in the tables rather than failing.
+    """
+    run_dir = Path(run_dir)
+    rel = _rel(run_dir)
+    results = _load_json(run_dir / "eval" / "results.json") or {}
+    by_name = {m["name"]: m for m in results.get("models", [])}
+    for name, others in ALIASES.items():
+        for other in others:
+            if name not in by_name and other in by_name:
+                by_name[name] = by_name[other]
+    lines = [f"# ReTerm run `{rel}`", ""]
+    ds = results.get("dataset") or {}
+    h = results.get("harness") or {}
+    if results:
+        lines += [f"Evaluation: {ds.get('n_tasks')} tasks of `{ds.get('path') or ds.get('name')}` "
+                  f"(split `{ds.get('split')}`), {h.get('trials_per_task')} trials per task, environment "
+                  f"`{h.get('environment')}`, timeouts {'modified' if h.get('timeouts_modified') else 'as the tasks define them'}.", ""]  # fmt: skip
+    lines += ["## The four models", "",
+              "| model | checkpoint | Pass@1 ± stderr | pass@k | recovery within trials | recovery from recorded failure states | infra faults |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    table = []
+    for name, (label, sub) in MODELS.items():
+        m = by_name.get(name)
+        ckpt = f"`{rel}/{sub}`" if sub is not None else "SmolLM2-135M-Instruct (embedded)"
+        if m is not None and sub is None and m.get("policy") not in (None, "smollm2"):
+            ckpt = f"`{m.get('policy') or m.get('model')}`"
+        if m is None:
+            lines.append(f"| {label} | {ckpt} | - | - | - | - | - |")
+            table.append({"model": name, "label": label})
+            continue
+        p1 = m.get("pass_at_1") or {}
+        mean, se = p1.get("mean"), p1.get("stderr")
+        p1s = "-" if mean is None else f"{_pct(mean)} ± {_pct(se) if se is not None else 'n/a'}"
+        pk = m.get("pass_at_k") or {}
+        k = max(pk, key=int) if pk else None
+        pks = f"pass@{k} {_pct(pk[k])}" if k else "-"
+        inf = (m.get("infra_faults") or {}).get("n", 0)
+        lines.append(f"| {label} | {ckpt} | {p1s} | {pks} | {_overall(m.get('recovery'))} | "
+                     f"{_overall(m.get('recovery_from_states'))} | {inf} |")  # fmt: skip
+        table.append({"model": name, "label": label, "pass_at_1": p1, "pass_at_k": pk,
+                      "recovery": m.get("recovery"), "recovery_from_states": m.get("recovery_from_states"),
+                      "infra_faults": inf})  # fmt: skip
+    cats = sorted({c for m in by_name.values() for c in (m.get("recovery_from_states") or {})})
+    if cats:
+        lines += ["", "## Recovery rate per error category, from recorded failure states", "",
+                  "Successful attempts / attempts, per category (the same states for every model).", "",
+                  "| category | " + " | ".join(MODELS[n][0] for n in MODELS) + " |",
+                  "|---|" + "---|" * len(MODELS)]  # fmt: skip
+        for c in cats:
+            row = []
+            for n in MODELS:
+                e = ((by_name.get(n) or {}).get("recovery_from_states") or {}).get(c)
+                row.append(
+                    "-"
+                    if not e
+                    else f"{e.get('recovered', 0)}/{e.get('attempts', e.get('failure_states', 0))} ({_pct(e.get('rate'))})"
+                )
+            lines.append(f"| {c} | " + " | ".join(row) + " |")
+    # training
+    data_stats = _load_json(run_dir / "data" / "stats.json") or {}
+    sft = _load_json(run_dir / "sft" / "training_summary.json") or {}
+    grpo = {n: _load_json(run_dir / n / "training_summary.json") or {} for n in ("grpo-reterm", "grpo-standard")}
+    lines += ["", "## Data and training", ""]
+    if data_stats:
+        cats_d = data_stats.get("categories") or {}
+        lines.append(f"- dataset `{rel}/data`: {sum((data_stats.get('splits') or {}).values())} records from "
+                     f"{sum(1 for v in cats_d.values() if v.get('records'))} error categories "
+                     f"(sources {data_stats.get('failure_sources')}); policy `{data_stats.get('policy')}`, "
+                     f"teacher `{data_stats.get('teacher')}`")  # fmt: skip
+    if sft:
+        lines.append(f"- SFT: {sft.get('steps')} steps ({sft.get('finetuning')}), loss {_num(sft.get('first_loss'))} "
+                     f"-> {_num(sft.get('final_loss'))}")  # fmt: skip
+    for n, s in grpo.items():
+        if s:
+            lines.append(f"- {MODELS[n][0]}: {s.get('steps')} steps, reward {_num(s.get('first_reward'))} -> "
+                         f"{_num(s.get('final_reward'))}; attempts {s.get('attempts')} (passed {s.get('passed_attempts')}, "
+                         f"infrastructure faults {s.get('infra_fault_attempts')}), zero-variance groups "
+                         f"{s.get('zero_variance_groups')}/{s.get('groups')}")  # fmt: skip
+    # stages
+    stages = []
+    lines += ["", "## Stages: wall time and peak memory", "",
+              "Peak memory: the largest resident memory of the stage's whole process tree (sandboxes included; "
+              "private pages of every process plus the largest file-backed set), sampled once a second; max "
+              "process RSS: the largest single process's peak (getrusage). The load average shows how busy the machine was (other work slows a stage down).", "",
+              "| stage | wall time | peak memory | max process RSS | mean load | finished |", "|---|---|---|---|---|---|"]  # fmt: skip
+    total = 0.0
+    peak = 0.0
+    for st in stage_order:
+        rec = read_marker(run_dir, st)
+        if rec is None:
+            lines.append(f"| {st} | not run | - | - | - | - |")
+            continue
+        total += rec.get("wall_s") or 0
+        peak = max(peak, rec.get("peak_mem_mb") or 0)
+        stages.append(rec)
+        lines.append(f"| {st} | {fmt_duration(rec.get('wall_s'))} | {fmt_mb(rec.get('peak_mem_mb'))} | "
+                     f"{fmt_mb(rec.get('max_process_rss_mb'))} | {rec.get('load_avg_mean') if rec.get('load_avg_mean') is not None else '-'} | "
+                     f"{rec.get('finished_at', '-')} |")  # fmt: skip
+    lines.append(f"| **total** | **{fmt_duration(total)}** | **{fmt_mb(peak)}** (largest stage) | | | |")
+    # artefacts
+    lines += ["", "## Where everything is", "",
+              f"- dataset (Hub layout): `{rel}/data` (`datasets.load_dataset(\"{rel}/data\")`), report `{rel}/data/report.md`",
+              f"- checkpoints: `{rel}/sft/merged`, `{rel}/grpo-standard/merged`, `{rel}/grpo-reterm/merged` "
+              f"(in the harness: `reterm run TASK --policy hf:{rel}/grpo-reterm/merged`)",
+              f"- evaluation: `{rel}/eval/results.json`, `{rel}/eval/report.md`, Harbor job folders `{rel}/eval/jobs/`",
+              f"- cards and publishing dry-runs: `{rel}/cards/dataset`, `{rel}/cards/model`, `{rel}/cards/space`",
+              f"- plots: `{rel}/plots/` ({', '.join(sorted(p.name for p in (run_dir / 'plots').glob('*.png'))) or 'none yet'})",
+              f"- logs of every stage: `{rel}/logs/`; this summary: `{rel}/summary.md`",
+              "", "## Open the Space", "",
+              "Replay this run's records, evaluation trials and GRPO groups step by step (and run the agent live):", "",
+              f"    .venv/bin/python space/app.py --source {rel}/data --source {rel}/eval/jobs/grpo-reterm "
+              f"--source {rel}/grpo-reterm/rollouts", "",
+              "then open http://127.0.0.1:7860 in a browser."]  # fmt: skip
+    data = {"run_dir": rel, "models": table, "stages": stages, "total_wall_s": round(total, 1),
+            "peak_mem_mb": round(peak, 1), "eval": {"dataset": ds, "harness": h}}  # fmt: skip
+    return "\n".join(lines) + "\n", data
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def write_plots(run_dir: Path, stage_order: list[str]) -> list[Path]:
+    """``RUN/plots/``: the evaluation's and the dataset's PNGs (copied), each training run's curves, a
+    comparison of the two GRPO runs' rewards, and the time per stage. Returns the PNGs written."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    run_dir = Path(run_dir)
+    plots = run_dir / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    written = []
+    copies = [
+        (run_dir / "eval" / n, f"eval_{n}") for n in ("pass_rate.png", "recovery_rate.png", "recovery_from_states.png")
+    ]
+    copies += [(p, f"data_{p.name}") for p in sorted((run_dir / "data" / "plots").glob("*.png"))]
+    copies += [(run_dir / n / "curves.png", f"{n}_curves.png") for n in ("sft", "grpo-reterm", "grpo-standard")]
+    for src, name in copies:
+        if src.is_file():
+            shutil.copyfile(src, plots / name)
+            written.append(plots / name)
+    curves = {}
+    for n in ("grpo-reterm", "grpo-standard"):
+        path = run_dir / n / "curves.csv"
+        if path.is_file():
+            with open(path) as fh:
+                rows = [r for r in csv.DictReader(fh) if r.get("reward") not in (None, "", "nan")]
+            curves[n] = ([int(float(r["step"])) for r in rows], [float(r["reward"]) for r in rows])
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for n, (x, y) in curves.items():
+            ax.plot(x, y, marker="o", label=MODELS[n][0])
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_ylabel("mean reward of the step's attempts")
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title("GRPO training reward (same budget)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(plots / "grpo_reward.png", dpi=120)
+        plt.close(fig)
+        written.append(plots / "grpo_reward.png")
+    recs = [(name, read_marker(run_dir, name)) for name in stage_order]
+    recs = [(n, r) for n, r in recs if r is not None]
+    if recs:
+        fig, ax1 = plt.subplots(figsize=(6, 3.5))
+        minutes = [(r.get("wall_s") or 0) / 60 for _, r in recs]
+        ax1.barh([n for n, _ in recs], minutes, color="tab:blue")
+        ax1.set_xlabel("wall time (min)")
+        ax1.set_xlim(0, max(minutes) * 1.25 or 1)
+        ax1.invert_yaxis()
+        for i, ((_, r), m) in enumerate(zip(recs, minutes)):
+            label = f" {fmt_duration(r.get('wall_s'))}" + (
+                f", {fmt_mb(r['peak_mem_mb'])}" if r.get("peak_mem_mb") else ""
+            )
+            ax1.text(m, i, label, va="center", fontsize=8)
+        ax1.set_title(
+            f"Time per stage (total {fmt_duration(sum(r.get('wall_s') or 0 for _, r in recs))}; "
+            "labels: time, peak memory)",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        fig.savefig(plots / "stages.png", dpi=120)
+        plt.close(fig)
+        written.append(plots / "stages.png")
+    return written
+
+
+def summary(run_dir: Path, stage_order: list[str]) -> int:
+    """Write ``RUN/plots/``, ``RUN/summary.md`` and ``RUN/summary.json`` and print the summary."""
+    run_dir = Path(run_dir)
+    write_plots(run_dir, stage_order)
+    md, data = build_summary(run_dir, stage_order)
+    (run_dir / "summary.md").write_text(md)
+    _write_json_atomic(run_dir / "summary.json", data)
+    print(md)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (see the module docstring). Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser(prog="train/stages.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a stage: timing, peak memory, log, completion record (then `-- CMD...`)")
+    r.add_argument("--run-dir", type=Path, required=True)
+    r.add_argument("--stage", required=True)
+    r.add_argument("--label", default="")
+    r.add_argument("--outputs", type=Path, action="append", default=[])
+    r.add_argument("--later", action="append", default=[])
+    r.add_argument("--force", action="store_true")
+    r.add_argument("--watch", type=Path, action="append", default=[])
+    r.add_argument("--always", action="store_true")
+    rec = sub.add_parser("record", help="record a stage the shell ran itself")
+    rec.add_argument("--run-dir", type=Path, required=True)
+    rec.add_argument("--stage", required=True)
+    rec.add_argument("--wall-s", type=float, required=True)
+    e = sub.add_parser("eval-config", help="the run's eval config (four models)")
+    e.add_argument("--run-dir", type=Path, required=True)
+    e.add_argument("--base", type=Path, required=True)
+    e.add_argument("--out", type=Path, required=True)
+    for flag in (
+        "--trials",
+        "--max-tasks",
+        "--max-turns",
+        "--max-new-tokens",
+        "--max-states",
+        "--state-turns",
+        "--state-attempts",
+    ):
+        e.add_argument(flag, type=int)
+    rc = sub.add_parser("recipe", help="a training stage's recipe with its command-line overrides")
+    rc.add_argument("command_json", type=Path)
+    rc.add_argument("--out", type=Path, required=True)
+    c = sub.add_parser("cards", help="effective recipes + reterm publish dataset|model|space (dry-run by default)")
+    c.add_argument("--run-dir", type=Path, required=True)
+    c.add_argument("--dataset-repo", required=True)
+    c.add_argument("--model-repo", required=True)
+    c.add_argument("--space-repo", required=True)
+    c.add_argument("--base-model")
+    c.add_argument("--publish", action="store_true", help="upload for real (default: --dry-run)")
+    v = sub.add_parser("with-vllm", help="run a command with vLLM servers up (then `-- CMD...`)")
+    v.add_argument("--serve", action="append", required=True, metavar="NAME=CHECKPOINT@PORT")
+    v.add_argument("--vllm-arg", action="append", default=[], help="extra argument of every `vllm serve`")
+    v.add_argument("--log-dir", type=Path, default=Path("vllm-logs"), help="where the servers' logs go")
+    v.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the servers to answer")
+    s = sub.add_parser("summary", help="the final table, plots and timings")
+    s.add_argument("--run-dir", type=Path, required=True)
+    s.add_argument(
+        "--stages",
+        default="setup data sft grpo grpo-standard eval cards",
+        help="stage names in order (space-separated)",
+    )
+    a = p.parse_args(argv)
+    if a.cmd in ("run", "with-vllm") and not command:
+        p.error(f"{a.cmd}: give the command after `--`")
+    try:
+        if a.cmd == "run":
+            return run_stage(a.run_dir, a.stage, command, a.outputs, a.later, a.force, a.label, a.watch, a.always)
+        if a.cmd == "record":
+            record_stage(a.run_dir, a.stage, a.wall_s, command)
+            return 0
+        if a.cmd == "eval-config":
+            eval_config(a.run_dir, a.base, a.out, a.trials, a.max_tasks, a.max_turns, a.max_new_tokens, a.max_states,
+                        a.state_turns, a.state_attempts)  # fmt: skip
+            print(f"[stages] eval config: {a.out}")
+            return 0
+        if a.cmd == "recipe":
+            effective_recipe(a.command_json, a.out)
+            print(f"[stages] recipe: {a.out}")
+            return 0
+        if a.cmd == "cards":
+            return cards(a.run_dir, a.dataset_repo, a.model_repo, a.space_repo, a.base_model, a.publish)
+        if a.cmd == "with-vllm":
+            return with_vllm(a.serve, command, a.vllm_arg, a.log_dir, a.timeout)
+        return summary(a.run_dir, a.stages.split())
+    except (ValueError, OSError) as exc:
+        print(f"train/stages.py {a.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
