@@ -17,11 +17,11 @@ import argparse
 import asyncio
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-LOCAL_ENVIRONMENT = "reterm.sandbox.local:LocalEnvironment"
+# make_environment lives in reterm.agent.environments (GRPO, tests and this CLI use it); kept importable here
+from reterm.agent.environments import LOCAL_ENVIRONMENT, make_environment  # noqa: F401
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,39 +67,6 @@ def resolve_task_dir(task: str) -> Path:
         if (root / task / "task.toml").is_file():
             return root / task
     raise FileNotFoundError(f"{task}: not a task folder (no task.toml) and no tasks/{task}")
-
-
-def make_environment(kind: str, task: Any, trial_dir: Path) -> Any:
-    """A Harbor environment for ``task`` (a Harbor ``Task``) whose trial files go to ``trial_dir``.
-
-    ``kind``: ``local``, a Harbor environment type name, or an import path ``module:Class``.
-    Raises ``ValueError`` for an unknown kind.
-    """
-    from harbor.environments.factory import EnvironmentFactory
-    from harbor.models.environment_type import EnvironmentType
-    from harbor.models.trial.paths import TrialPaths
-
-    paths = TrialPaths(trial_dir)
-    paths.mkdir()
-    name = str(task.name).split("/")[-1]
-    common = dict(
-        environment_dir=task.paths.environment_dir,
-        environment_name=name,
-        session_id=f"{name}__{uuid.uuid4().hex[:8]}__env",
-        trial_paths=paths,
-        task_env_config=task.config.environment,
-        # the agent phase's policy, as a Harbor Trial resolves it (without it Harbor's default is public)
-        network_policy=task.config.agent.explicit_phase_policy() or task.config.environment.resolve_baseline(),
-    )
-    import_path = LOCAL_ENVIRONMENT if kind == "local" else kind if ":" in kind else None
-    if import_path:
-        return EnvironmentFactory.create_environment_from_import_path(import_path, **common)
-    try:
-        env_type = EnvironmentType(kind)
-    except ValueError:
-        known = ", ".join(t.value for t in EnvironmentType)
-        raise ValueError(f"--env {kind!r}: not 'local', a Harbor environment type ({known}) or module:Class") from None
-    return EnvironmentFactory.create_environment(env_type, **common)
 
 
 class _Printer:

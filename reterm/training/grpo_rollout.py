@@ -244,7 +244,7 @@ class RolloutEngine:
 
         from harbor.models.task.task import Task
 
-        from reterm.agent.cli import make_environment
+        from reterm.agent.environments import make_environment
 
         trial = trial_dir or Path(tempfile.mkdtemp(prefix="reterm-grpo-trial-"))
         env = make_environment(self.settings.environment, Task(task_dir), trial)
