@@ -224,6 +224,11 @@ class DatasetConfig(_Strict):
     source_name: str = "ReTerm task suite"
     source_url: str | None = None
     citation: str | None = None
+    # records of this many train-split tasks go to a held-out `test` split of the dataset (whole tasks, so
+    # no failure state of a held-out task is trained on); SFT's held-out likelihood check reads it
+    # (train/recipes/*/sft.yaml `dataset_test_split: test`). 0 = a `train` split only. Not the suite's
+    # test split (tasks/splits.json), which the pipeline never touches.
+    held_out_tasks: int = Field(default=0, ge=0)
 
 
 class PipelineConfig(_Strict):

@@ -164,7 +164,7 @@ def build_stats(cfg: PipelineConfig, kept: list[dict[str, Any]], per_category: d
         "version": cfg.dataset.version,
         "created": datetime.now(timezone.utc).date().isoformat(),
         "license": cfg.dataset.license,
-        "splits": {"train": len(kept)},
+        "splits": {name: len(rows) for name, rows in split_records(kept, cfg).items()},
         "categories": categories,
         "failure_sources": {"own": sources_by_src.get("own", 0), "injected": sources_by_src.get("injected", 0)},
         "rollouts": {"episodes": rollouts["episodes"], "failed": rollouts["failed"], "infra_faults": infra_faults},
@@ -179,19 +179,42 @@ def build_stats(cfg: PipelineConfig, kept: list[dict[str, Any]], per_category: d
     }
 
 
+def held_out_task_ids(kept: list[dict[str, Any]], n_tasks: int, seed: int) -> list[str]:
+    """The ``n_tasks`` task ids (among those with records) whose records form the held-out split.
+
+    Chosen by a seeded hash of the task id, so the choice is the same on every run and resume with the
+    same records and seed. At least one task always stays in ``train``: with ``n_tasks`` >= the number of
+    tasks that have records, fewer are held out (all but one). Returns ``[]`` for ``n_tasks`` 0.
+    """
+    tasks = sorted({r["task_id"] for r in kept})
+    n = min(n_tasks, max(len(tasks) - 1, 0))
+    ranked = sorted(tasks, key=lambda t: hashlib.sha1(f"{seed}:{t}".encode()).hexdigest())
+    return sorted(ranked[:n])
+
+
+def split_records(kept: list[dict[str, Any]], cfg: PipelineConfig) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": rows}``, plus ``"test"``: the rows of :func:`held_out_task_ids` when
+    ``dataset.held_out_tasks`` > 0 (whole tasks held out, so no state of a held-out task is trained on)."""
+    held = set(held_out_task_ids(kept, cfg.dataset.held_out_tasks, cfg.seed))
+    if not held:
+        return {"train": kept}
+    return {"train": [r for r in kept if r["task_id"] not in held], "test": [r for r in kept if r["task_id"] in held]}
+
+
 def write_output(output: Path, kept: list[dict[str, Any]], failed: list[dict[str, Any]], stats: dict[str, Any],
                  cfg: PipelineConfig) -> dict[str, Any]:  # fmt: skip
     """Write the dataset folder, the failed attempts, the run's config and versions. Returns the paths."""
     from dataset_card.layout import write_dataset_folder
 
-    shards = write_dataset_folder(output, {"train": kept}, stats)
+    splits = split_records(kept, cfg)
+    shards = write_dataset_folder(output, splits, stats)
     failed_path = write_parquet(failed, output / FAILED_DIR / "attempts-00000-of-00001.parquet")
     cfg_path = output / "run_config.yaml"
     tmp = cfg_path.with_name(f".{cfg_path.name}.tmp")
     tmp.write_text(yaml.safe_dump(cfg.resolved(), sort_keys=False))
     os.replace(tmp, cfg_path)
     vers = write_json_atomic(output / "versions.json", versions())
-    return {"shards": [str(p) for p in shards["train"]], "failed_attempts": str(failed_path),
+    return {"shards": [str(p) for name in splits for p in shards[name]], "failed_attempts": str(failed_path),
             "config": str(cfg_path), "versions": str(vers)}  # fmt: skip
 
 

@@ -321,3 +321,25 @@ def test_recovery_policies_from_the_config():
     assert isinstance(teacher, EndpointPolicy)
     with pytest.raises(ValueError, match="needs a model policy"):
         load_recovery_policy("self", {}, tasks, "scripted", {})
+
+
+def test_held_out_split_takes_whole_tasks_deterministically():
+    # dataset.held_out_tasks: records of whole train tasks form the `test` split that SFT's held-out
+    # likelihood check reads; the choice is seeded and never empties `train`
+    import pyarrow.parquet as pq
+
+    from pipeline.write import held_out_task_ids, split_records
+
+    rows = sorted(pq.read_table(ROOT / "tests/fixtures/reterm10k_mini/data/train-00000-of-00001.parquet").to_pylist(),
+                  key=lambda r: r["id"])  # fmt: skip
+    tasks = sorted({r["task_id"] for r in rows})
+    assert len(tasks) >= 3
+    cfg = PipelineConfig.model_validate({"seed": 5, "dataset": {"held_out_tasks": 1}})
+    parts = split_records(rows, cfg)
+    assert set(parts) == {"train", "test"} and len(parts["train"]) + len(parts["test"]) == len(rows)
+    held = {r["task_id"] for r in parts["test"]}
+    assert len(held) == 1 and not held & {r["task_id"] for r in parts["train"]}
+    assert held_out_task_ids(list(reversed(rows)), 1, 5) == sorted(held)  # same choice whatever the order
+    assert held_out_task_ids(rows, 99, 5) == sorted(held_out_task_ids(rows, 99, 5)) and \
+        len(held_out_task_ids(rows, 99, 5)) == len(tasks) - 1  # at least one task stays in train
+    assert split_records(rows, PipelineConfig()) == {"train": rows}  # default: no held-out split
