@@ -738,8 +738,13 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
                      f"(sources {data_stats.get('failure_sources')}); policy `{data_stats.get('policy')}`, "
                      f"teacher `{data_stats.get('teacher')}`")  # fmt: skip
     if sft:
+        held = sft.get("heldout") or {}
+        held_text = ""
+        if held.get("final_nll_per_token") is not None:  # the data stage's held-out split (dataset.held_out_tasks)
+            before = f"{_num(held['base_nll_per_token'])} -> " if held.get("base_nll_per_token") is not None else ""
+            held_text = f"; held-out NLL per recovery token {before}{_num(held['final_nll_per_token'])}"
         lines.append(f"- SFT: {sft.get('steps')} steps ({sft.get('finetuning')}), loss {_num(sft.get('first_loss'))} "
-                     f"-> {_num(sft.get('final_loss'))}")  # fmt: skip
+                     f"-> {_num(sft.get('final_loss'))}{held_text}")  # fmt: skip
     for n, s in grpo.items():
         if s:
             lines.append(f"- {MODELS[n][0]}: {s.get('steps')} steps, reward {_num(s.get('first_reward'))} -> "
