@@ -204,7 +204,12 @@ echo "ReTerm run_all: recipe $RECIPE, size $SIZE, run folder $RUN"
 # 1. set-up (always: it only does what is missing; recorded as a stage when it did something)
 if [ "$DRY_RUN" = 1 ]; then stage setup . -- bash scripts/setup.sh
 else
-  BOOT=$PY; [ -x "$BOOT" ] || BOOT=$(command -v python3.12 || command -v python3 || true)
+  # stages.py needs only the standard library: any Python that really runs will do before .venv exists
+  # (a pyenv shim on PATH can exist and still fail: "python3.12: command not found")
+  BOOT=""
+  for c in "$PY" "$(command -v python3.12 || true)" "$(command -v python3 || true)"; do
+    if [ -n "$c" ] && "$c" -c 'import sys' >/dev/null 2>&1; then BOOT=$c; break; fi
+  done
   if [ -n "$BOOT" ]; then
     "$BOOT" train/stages.py run --run-dir "$RUN" --stage setup --always -- bash scripts/setup.sh
   else
