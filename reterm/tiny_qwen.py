@@ -19,7 +19,6 @@ Built once per cache folder, deterministically (fixed seed and corpus), written 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile

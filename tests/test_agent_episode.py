@@ -160,7 +160,7 @@ def test_recovery_attempt_starts_from_a_history_in_a_fork():
                 def recover(messages):
                     seen.append(len(messages))
                     k = sum(m["role"] == "assistant" for m in messages)
-                    cmds = ["cat $TARGET; pwd", f'echo "Hello, world!" > $TARGET']
+                    cmds = ["cat $TARGET; pwd", 'echo "Hello, world!" > $TARGET']
                     return bash_call(cmds[k - 2]) if k - 2 < len(cmds) else '<tool_call>{"name": "submit"}</tool_call>'
 
                 trajs = await run_episodes(ScriptedPolicy(recover), [EpisodeSpec(f, TASK, history=prefix) for f in forks])

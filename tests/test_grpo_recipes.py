@@ -16,14 +16,20 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "train" / "recipes"
 
 
-def _grpo_script():
-    if "reterm_train_grpo" in sys.modules:
-        return sys.modules["reterm_train_grpo"]
-    spec = importlib.util.spec_from_file_location("reterm_train_grpo", REPO / "train" / "grpo.py")
+def _script(name: str):
+    """``train/<name>.py`` as a module (registered in ``sys.modules``: its dataclasses need that)."""
+    key = f"reterm_train_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, REPO / "train" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _grpo_script():
+    return _script("grpo")
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m/grpo.yaml", "smollm2-135m/grpo_standard.yaml"])
@@ -99,3 +105,17 @@ def test_standard_recipe_check_runs_from_the_task_start(tmp_path):
     assert all(r["trajectory"]["prefix_len"] == 0 for r in rows)
     assert (done / "adapter_config.json").is_file()  # the CPU recipe trains a LoRA adapter
     _loads_in_the_harness(done, [{"role": "user", "content": "hello"}])
+
+
+@pytest.mark.parametrize("script", ["grpo", "sft"])
+@pytest.mark.parametrize("missing", ["model_name_or_path", "dataset_name"])
+def test_entry_scripts_name_a_missing_model_or_dataset(script, missing, tmp_path):
+    """A recipe without a model or a dataset fails before anything loads, naming the field (both scripts)."""
+    module = _script(script)
+    recipe = yaml.safe_load((RECIPES / "smollm2-135m" / f"{script}.yaml").read_text())
+    recipe.pop(missing)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ValueError, match=f"^{missing} is not set"):
+        module.main(["--config", str(path), "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -20,7 +20,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 

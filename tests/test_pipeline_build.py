@@ -11,7 +11,6 @@ error injection, the oracle-guided teacher, real sandboxes and verifiers), then
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess

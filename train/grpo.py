@@ -40,7 +40,7 @@ from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.failure_pool import FailurePool, PoolState, seed_states_from_records, task_start_states
 from reterm.training.grpo_config import ReTermGRPOConfig
 from reterm.training.grpo_outputs import recovery_table, totals_from_rollouts, write_grpo_curves
-from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, resolve_model_name_or_path
+from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, require_model_and_dataset, resolve_model_name_or_path
 from reterm.training.outputs import package_versions, write_run_files, write_training_summary
 from reterm.training.sft_data import load_records
 
@@ -244,10 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args, args, model_args, argv = parse_args(argv)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is not set (recipe or --model_name_or_path)")
-    if not script_args.dataset_name:
-        raise ValueError("dataset_name is not set (recipe or --dataset_name): a ReTerm-10K folder or Hub id")
+    require_model_and_dataset(model_args, script_args)
     resolved = resolve_model_name_or_path(model_args.model_name_or_path)
     if ("/" in resolved or resolved.startswith(".")) and not Path(resolved).exists():
         raise FileNotFoundError(

@@ -37,7 +37,7 @@ from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 
 from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.likelihood import training_chat_template
-from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, resolve_model_name_or_path
+from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, require_model_and_dataset, resolve_model_name_or_path
 from reterm.training.outputs import package_versions, write_curves, write_run_files, write_training_summary
 from reterm.training.sft_data import load_records, to_sft_dataset
 
@@ -241,10 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args, training_args, model_args, argv = parse_args(argv)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is not set (recipe or --model_name_or_path)")
-    if not script_args.dataset_name:
-        raise ValueError("dataset_name is not set (recipe or --dataset_name): a ReTerm-10K folder or Hub id")
+    require_model_and_dataset(model_args, script_args)
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming is not supported by train/sft.py")
 

@@ -342,7 +342,6 @@ async def run_episodes(
                 ep.stop("context_length")
                 return
             try:
-                t0 = time.monotonic()
                 step = await _act(ep, gen, generation_s, call_format, max_consecutive_parse_errors, command_timeout_s)
                 ep.t_execution += step.execution_s
                 if on_step is not None:

@@ -165,8 +165,11 @@ def ensure_base(packages: tuple[str, ...] = PACKAGES, *, log=None) -> BaseImage:
                 if "Retrieving Packages" in line or line.startswith(("I: Installing core", "I: Base system", "I: Configuring")):
                     log(line.rstrip())
         if proc.wait() != 0:
+            dlog = tmp / "rootfs/debootstrap/debootstrap.log"  # the cause is there, not on stdout
+            why = dlog.read_text(errors="replace").splitlines()[-15:] if dlog.is_file() else []
             rmtree_writable(tmp)
-            raise RuntimeError(f"debootstrap failed (exit {proc.returncode}): " + "\n".join(tail))
+            raise RuntimeError(f"debootstrap failed (exit {proc.returncode}): " + "\n".join(tail[-25:])
+                               + ("\n--- end of debootstrap.log ---\n" + "\n".join(why) if why else ""))
         _finish_rootfs(tmp / "rootfs", rootless_build=rootless_build)
         (tmp / "fakeroot.state").unlink(missing_ok=True)
         meta = {

@@ -199,6 +199,10 @@ def user_name() -> str:
 # fails with EINVAL there). Stage 1 unpacks with the host's dpkg-deb and tar; stage 2 runs the
 # target's dpkg in a chroot, with the host's libfakeroot copied into the target (same path) so the
 # chrooted programs find it, and the host's /dev nodes bound over the fake ones.
+# Every file removed between the stages is removed *inside* fakeroot: fakeroot keys its records by
+# inode, and a file deleted behind its back leaves a stale record that a new file reusing the inode
+# inherits (seen on CI, 2026-11-29: dpkg.list got the record of the old fake /dev/tty, "not a regular
+# file", and stage 2 died at base-passwd; whether it happens depends on the file system's inode reuse).
 DEBOOTSTRAP_ROOTLESS_SCRIPT = r"""
 set -e
 target=$1 mirror=$2 include=$3 suite=$4 variant=$5
@@ -206,13 +210,14 @@ export FAKEROOTDONTTRYCHOWN=1
 state=$target/../fakeroot.state
 fakeroot -s "$state" -- debootstrap --foreign --variant="$variant" --include="$include" "$suite" "$target" "$mirror"
 lib=$(ls /usr/lib/*/libfakeroot/libfakeroot-sysv.so /usr/lib*/libfakeroot/libfakeroot-sysv.so 2>/dev/null | head -n1)
+[ -n "$lib" ] || { echo "E: libfakeroot-sysv.so not found on the host (Debian package libfakeroot)"; exit 1; }
 libdir=$(dirname "$lib")
 mkdir -p "$target$libdir" && cp -r "$libdir/." "$target$libdir/"
-for d in null zero full random urandom tty; do
-  rm -f "$target/dev/$d"; touch "$target/dev/$d"; mount --bind "/dev/$d" "$target/dev/$d"
-done
+devs="null zero full random urandom tty"
+fakeroot -i "$state" -s "$state" -- sh -c 'cd "$1/dev" && shift && rm -f "$@" && touch "$@"' sh "$target" $devs
+for d in $devs; do mount --bind "/dev/$d" "$target/dev/$d"; done
 fakeroot -i "$state" -s "$state" -- chroot "$target" /debootstrap/debootstrap --second-stage
-for d in null zero full random urandom tty; do umount "$target/dev/$d"; done
+for d in $devs; do umount "$target/dev/$d"; done
 rm -rf "$target$libdir"
 """
 

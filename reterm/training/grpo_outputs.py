@@ -13,22 +13,16 @@ Every file is written atomically (temporary file, then rename).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from reterm.training.outputs import save_figure_atomic, write_csv_atomic
+
 BASE_COLUMNS = ("step", "loss", "reward", "reward_std", "grad_norm", "entropy", "learning_rate",
                 "completions/mean_length", "frac_reward_zero_std")  # fmt: skip
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> Path:
-    from reterm.training.outputs import _write_bytes_atomic as write
-
-    return write(path, data)
 
 
 def curve_rows(log_history: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -58,11 +52,7 @@ def write_grpo_curves(log_history: list[dict[str, Any]], out_dir: str | Path, ti
 
     out = Path(out_dir)
     columns, rows = curve_rows(log_history)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows(rows)
-    csv_path = _write_bytes_atomic(out / "curves.csv", buf.getvalue().encode())
+    csv_path = write_csv_atomic(out / "curves.csv", columns, rows)
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     panels = [
@@ -90,10 +80,7 @@ def write_grpo_curves(log_history: list[dict[str, Any]], out_dir: str | Path, ti
             ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
-    png_path = _write_bytes_atomic(out / "curves.png", png.getvalue())
+    png_path = save_figure_atomic(fig, out / "curves.png", dpi=100)
     return {"csv": csv_path, "png": png_path}
 
 

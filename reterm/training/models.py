@@ -26,6 +26,22 @@ _TEXT_ONLY_CLASS = {
 }
 
 
+def require_model_and_dataset(model_args: Any, script_args: Any) -> None:
+    """Fail early when a recipe (after command-line overrides) names no model or no dataset.
+
+    Args:
+        model_args: TRL ``ModelConfig`` (reads ``model_name_or_path``).
+        script_args: TRL ``ScriptArguments`` (reads ``dataset_name``).
+
+    Raises:
+        ValueError: naming the missing field and where to set it.
+    """
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is not set (recipe or --model_name_or_path)")
+    if not script_args.dataset_name:
+        raise ValueError("dataset_name is not set (recipe or --dataset_name): a ReTerm-10K folder or Hub id")
+
+
 def resolve_model_name_or_path(name_or_path: str | os.PathLike[str]) -> str:
     """Map the kit's model names to local folders; return anything else unchanged.
 

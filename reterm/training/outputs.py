@@ -62,6 +62,25 @@ def _write_bytes_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
+def write_csv_atomic(path: Path, fieldnames: list[str], rows: list[dict[str, Any]]) -> Path:
+    """Write ``rows`` (dicts keyed by ``fieldnames``) as a CSV file with a header, atomically; returns ``path``."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    return _write_bytes_atomic(path, buf.getvalue().encode())
+
+
+def save_figure_atomic(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Render a matplotlib figure to PNG at ``dpi``, write it atomically, close the figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi)
+    plt.close(fig)
+    return _write_bytes_atomic(path, png.getvalue())
+
+
 def curve_rows(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per logged step (train and eval entries at the same step are merged).
 
@@ -99,11 +118,7 @@ def write_curves(log_history: list[dict[str, Any]], out_dir: str | Path, title: 
 
     out = Path(out_dir)
     rows = curve_rows(log_history)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(CURVE_COLUMNS))
-    writer.writeheader()
-    writer.writerows(rows)
-    csv_path = _write_bytes_atomic(out / "curves.csv", buf.getvalue().encode())
+    csv_path = write_csv_atomic(out / "curves.csv", list(CURVE_COLUMNS), rows)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, label in ((axes[0], "loss", "loss (NLL / token)"), (axes[1], "mean_token_accuracy", "token accuracy")):
@@ -120,10 +135,7 @@ def write_curves(log_history: list[dict[str, Any]], out_dir: str | Path, title: 
             ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
-    plt.close(fig)
-    png_path = _write_bytes_atomic(out / "curves.png", png.getvalue())
+    png_path = save_figure_atomic(fig, out / "curves.png", dpi=110)
     return {"csv": csv_path, "png": png_path}
 
 
