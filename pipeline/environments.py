@@ -1,20 +1,24 @@
 """Environments for one task outside a Harbor trial: the local sandbox, or any Harbor environment.
 
-The rollout stage lets Harbor's ``Job`` make its environments; recovery attempts and injected runs need
-environments of their own (a failure state is rebuilt in a fresh one). ``local`` is
-:class:`reterm.sandbox.local.LocalEnvironment` (snapshot + fork); every other type goes through Harbor's
-:class:`harbor.environments.factory.EnvironmentFactory` with the same config translation as the
-evaluation (:func:`eval.run.harbor_environment`), so a recipe names environments the same way everywhere.
+The rollout stage lets Harbor's ``Job`` make its environments (:func:`harbor_environment_config`, the same
+translation as the evaluation's :func:`eval.run.harbor_environment`); recovery attempts and injected runs
+need environments of their own (a failure state is rebuilt in a fresh one), built here from the YAML
+``environment:`` by the kit's one builder, :func:`reterm.agent.environments.make_environment`. ``local`` is
+:class:`reterm.sandbox.local.LocalEnvironment` (snapshot + fork); a recipe names environments the same way
+everywhere, and every episode gets its task's network policy.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import EnvironmentConfig
+
+_TRIAL_PREFIX = "reterm-pipeline-"  # trial folders of make_environment (removed by stop_quietly)
 
 
 def harbor_environment_config(spec: EnvironmentConfig) -> Any:
@@ -25,37 +29,32 @@ def harbor_environment_config(spec: EnvironmentConfig) -> Any:
 
 
 def make_environment(spec: EnvironmentConfig, task_dir: str | Path, tag: str = "") -> Any:
-    """A new, not yet started environment for the task in ``task_dir``.
+    """A new, not yet started environment for the task in ``task_dir``, built by the kit's one builder
+    (:func:`reterm.agent.environments.make_environment`: Harbor's factory, the task's network policy).
+
+    Its trial files go to a temporary folder that :func:`stop_quietly` removes.
 
     Args:
-        spec: where it runs.
+        spec: where it runs (``type``, and ``kwargs`` for the environment's constructor).
         task_dir: the Harbor task folder.
         tag: added to the session id (logs).
 
     Raises:
         ValueError: not a task folder, or an environment type Harbor does not know.
     """
-    task_dir = Path(task_dir)
-    session = f"{task_dir.name}__{tag or 'pipeline'}__{uuid.uuid4().hex[:6]}"
-    if spec.type == "local":
-        from reterm.sandbox.local import LocalEnvironment
-
-        return LocalEnvironment.for_task(task_dir, session_id=session, **spec.kwargs)
-    from harbor.environments.factory import EnvironmentFactory
     from harbor.models.task.task import Task
-    from harbor.models.trial.paths import TrialPaths
 
+    from reterm.agent.environments import make_environment as build
+
+    task_dir = Path(task_dir)
     task = Task(task_dir)
-    paths = TrialPaths(Path(tempfile.mkdtemp(prefix=f"reterm-pipeline-{task_dir.name}-")))
-    paths.mkdir()
-    return EnvironmentFactory.create_environment_from_config(
-        harbor_environment_config(spec),
-        environment_dir=task.paths.environment_dir,
-        environment_name=task.short_name,
-        session_id=session,
-        trial_paths=paths,
-        task_env_config=task.config.environment,
-    )
+    trial_dir = Path(tempfile.mkdtemp(prefix=f"{_TRIAL_PREFIX}{task_dir.name}-"))
+    session = f"{task_dir.name}__{tag or 'pipeline'}__{uuid.uuid4().hex[:6]}"
+    try:
+        return build(spec.type, task, trial_dir, session_id=session, **spec.kwargs)
+    except BaseException:
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        raise
 
 
 def can_fork(environment: Any) -> bool:
@@ -64,8 +63,11 @@ def can_fork(environment: Any) -> bool:
 
 
 async def stop_quietly(environment: Any) -> None:
-    """Stop an environment, ignoring errors (clean-up paths)."""
+    """Stop an environment, ignoring errors (clean-up paths); removes the trial folder :func:`make_environment` made."""
     try:
         await environment.stop(delete=True)
     except Exception:
         pass
+    trial_dir = getattr(getattr(environment, "trial_paths", None), "trial_dir", None)
+    if trial_dir is not None and Path(trial_dir).name.startswith(_TRIAL_PREFIX):
+        shutil.rmtree(trial_dir, ignore_errors=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import EnvironmentConfig, RecoveryConfig
-from pipeline.environments import can_fork, make_environment
+from pipeline.environments import can_fork, make_environment, stop_quietly
 from pipeline.recover import WorkItem, run_attempts
 from pipeline.teacher import OracleGuidedTeacher
 from reterm.agent.protocol import SYSTEM_PROMPT
@@ -37,9 +37,35 @@ def _attempts(item: WorkItem, **cfg) -> dict:
     return run(run_attempts(item, teacher, RecoveryConfig(attempts=2, max_turns=8, **cfg), LOCAL, TASK))
 
 
-def test_harbor_types_cannot_fork_and_are_rebuilt_by_replay():
-    assert not can_fork(make_environment(EnvironmentConfig(type="docker"), TASK))
+def test_harbor_types_cannot_fork_and_are_rebuilt_by_replay(monkeypatch):
+    from harbor.environments.docker.docker import DockerEnvironment
+    from harbor.models.task.config import NetworkMode
+
+    # Harbor's Docker enforces no-network only where the engine's kernel has nftables fib rules (not here)
+    monkeypatch.setattr(DockerEnvironment, "_egress_control_kernel_support", classmethod(lambda cls: True))
+    docker = make_environment(EnvironmentConfig(type="docker"), TASK)
+    assert not can_fork(docker)
+    # the offline task's policy reaches a Harbor environment too (before: Harbor's default, public)
+    assert docker._network_policy.network_mode == NetworkMode.NO_NETWORK
     assert can_fork(make_environment(LOCAL, TASK))
+
+
+def test_an_environment_the_task_cannot_run_on_is_refused_with_the_reason():
+    """Without egress control Harbor refuses an offline task on Docker rather than give it the internet."""
+    from harbor.environments.docker.docker import DockerEnvironment
+
+    if DockerEnvironment._egress_control_kernel_support():
+        pytest.skip("this host's kernel supports Docker egress control")
+    with pytest.raises(ValueError, match="no-network.*not supported"):
+        make_environment(EnvironmentConfig(type="docker"), TASK)
+
+
+def test_stop_quietly_removes_the_trial_folder_it_made():
+    env = make_environment(LOCAL, TASK, "t")
+    trial = Path(env.trial_paths.trial_dir)
+    assert trial.is_dir() and trial.name.startswith("reterm-pipeline-")
+    run(stop_quietly(env))
+    assert not trial.exists()
 
 
 @pytest.mark.slow

@@ -1,10 +1,10 @@
-"""A Harbor environment for one task outside a Harbor trial, by kind name: ``reterm run``, GRPO's replay forks.
+"""A Harbor environment for one task outside a Harbor trial: ``reterm run``, GRPO's replay forks, and the
+data pipeline's recovery attempts (``pipeline/environments.py`` adapts its YAML ``environment:`` to this).
 
 ``kind`` is ``local`` (this kit's sandbox), a Harbor environment type (``docker``, ``daytona``, ...) or an
 import path ``module:Class``; the environment is built with Harbor's own
 :class:`harbor.environments.factory.EnvironmentFactory` and the task's network policy as a Harbor
-``Trial`` resolves it. (The data pipeline builds its environments from its YAML config instead:
-``pipeline/environments.py``.)
+``Trial`` resolves it, so an episode outside a trial gets the same network as one inside (evaluation).
 """
 
 from __future__ import annotations
@@ -16,11 +16,19 @@ from typing import Any
 LOCAL_ENVIRONMENT = "reterm.sandbox.local:LocalEnvironment"
 
 
-def make_environment(kind: str, task: Any, trial_dir: Path) -> Any:
-    """A Harbor environment for ``task`` (a Harbor ``Task``) whose trial files go to ``trial_dir``.
+def make_environment(kind: str, task: Any, trial_dir: Path, *, session_id: str | None = None, **kwargs: Any) -> Any:
+    """A new, not yet started Harbor environment for ``task`` whose trial files go to ``trial_dir``.
 
-    ``kind``: ``local``, a Harbor environment type name, or an import path ``module:Class``.
-    Raises ``ValueError`` for an unknown kind.
+    Args:
+        kind: ``local``, a Harbor environment type name, or an import path ``module:Class``.
+        task: a Harbor ``Task``.
+        trial_dir: the trial folder (created; Harbor's ``TrialPaths`` layout).
+        session_id: a name for logs (default ``<task>__<8 hex>__env``).
+        **kwargs: more constructor arguments of the environment class (e.g. the local sandbox's
+            ``memory_mb``); a ``network_policy`` here replaces the task's.
+
+    Raises:
+        ValueError: an unknown kind.
     """
     from harbor.environments.factory import EnvironmentFactory
     from harbor.models.environment_type import EnvironmentType
@@ -32,12 +40,13 @@ def make_environment(kind: str, task: Any, trial_dir: Path) -> Any:
     common = dict(
         environment_dir=task.paths.environment_dir,
         environment_name=name,
-        session_id=f"{name}__{uuid.uuid4().hex[:8]}__env",
+        session_id=session_id or f"{name}__{uuid.uuid4().hex[:8]}__env",
         trial_paths=paths,
         task_env_config=task.config.environment,
         # the agent phase's policy, as a Harbor Trial resolves it (without it Harbor's default is public)
         network_policy=task.config.agent.explicit_phase_policy() or task.config.environment.resolve_baseline(),
     )
+    common.update(kwargs)
     import_path = LOCAL_ENVIRONMENT if kind == "local" else kind if ":" in kind else None
     if import_path:
         return EnvironmentFactory.create_environment_from_import_path(import_path, **common)
