@@ -78,6 +78,7 @@ def test_reterm_run_cli_bad_arguments(tmp_path, capsys):
     assert "not a task folder" in capsys.readouterr().err
     assert run_main([str(HELLO_TASK), "--env", "no-such-env", "--policy", "oracle", "--output", str(tmp_path / "o")]) == 2
     assert "no-such-env" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # nothing was made for a run that could not start
 
 
 def test_concurrent_trials_load_the_policy_once():

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 # make_environment lives in reterm.agent.environments (GRPO, tests and this CLI use it); kept importable here
-from reterm.agent.environments import LOCAL_ENVIRONMENT, make_environment  # noqa: F401
+from reterm.agent.environments import LOCAL_ENVIRONMENT, environment_kind, make_environment  # noqa: F401
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,6 +117,7 @@ async def _run(args: argparse.Namespace) -> int:
     task_dir = resolve_task_dir(args.task)
     task = Task(task_dir)
     task_id = str(task.name).split("/")[-1]
+    environment_kind(args.env)  # a bad --env fails here, before an output folder exists
     out = args.output or Path("runs") / f"run-{task_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out}: exists and is not a folder")

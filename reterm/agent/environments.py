@@ -31,9 +31,9 @@ def make_environment(kind: str, task: Any, trial_dir: Path, *, session_id: str |
         ValueError: an unknown kind.
     """
     from harbor.environments.factory import EnvironmentFactory
-    from harbor.models.environment_type import EnvironmentType
     from harbor.models.trial.paths import TrialPaths
 
+    import_path, env_type = environment_kind(kind)  # before anything is made on disk
     paths = TrialPaths(trial_dir)
     paths.mkdir()
     name = str(task.name).split("/")[-1]
@@ -47,12 +47,25 @@ def make_environment(kind: str, task: Any, trial_dir: Path, *, session_id: str |
         network_policy=task.config.agent.explicit_phase_policy() or task.config.environment.resolve_baseline(),
     )
     common.update(kwargs)
-    import_path = LOCAL_ENVIRONMENT if kind == "local" else kind if ":" in kind else None
     if import_path:
         return EnvironmentFactory.create_environment_from_import_path(import_path, **common)
+    return EnvironmentFactory.create_environment(env_type, **common)
+
+
+def environment_kind(kind: str) -> tuple[str | None, Any]:
+    """``(import_path, None)`` for ``local`` or ``module:Class``, ``(None, EnvironmentType)`` for a Harbor type.
+
+    Raises:
+        ValueError: naming the kind and the Harbor types there are.
+    """
+    from harbor.models.environment_type import EnvironmentType
+
+    if kind == "local":
+        return LOCAL_ENVIRONMENT, None
+    if ":" in kind:
+        return kind, None
     try:
-        env_type = EnvironmentType(kind)
+        return None, EnvironmentType(kind)
     except ValueError:
         known = ", ".join(t.value for t in EnvironmentType)
         raise ValueError(f"environment {kind!r}: not 'local', a Harbor environment type ({known}) or module:Class") from None
-    return EnvironmentFactory.create_environment(env_type, **common)
