@@ -52,6 +52,10 @@ from reterm.trajectory import write_json_atomic
 SCHEMA = "reterm-eval/1"
 
 
+_FAULTS_SHOWN = 5  # faulted trials listed per model in report.md (all of them are in results.json)
+_FAULT_MESSAGE_CHARS = 160
+
+
 def _colour(i: int) -> str:
     """The colour of the ``i``-th model of the config (the same in every plot)."""
     return f"C{i % 10}"
@@ -157,6 +161,14 @@ def markdown(results: dict[str, Any]) -> str:
             if f["incomplete_trials"]:
                 parts.append(f"incomplete: {f['incomplete_trials']}")
             lines.append(f"- **{m['name']}**: {f['n']} ({'; '.join(parts)})")
+            shown = f.get("trials", [])[:_FAULTS_SHOWN]
+            for t in shown:  # the message says what broke (the type alone rarely does)
+                msg = " ".join((t.get("message") or "").split())
+                msg = (msg[:_FAULT_MESSAGE_CHARS] + " ...") if len(msg) > _FAULT_MESSAGE_CHARS else msg
+                lines.append(f"  - `{t['trial']}` ({t['task']}): {t.get('exception') or t['outcome']}"
+                             + (f": {msg.replace('|', '/')}" if msg else ""))  # fmt: skip
+            if len(f.get("trials", [])) > len(shown):
+                lines.append(f"  - ... {len(f['trials']) - len(shown)} more in results.json")
     lines += ["", "Raw Harbor job folders: " + ", ".join(f"`{m['job_dir']}`" for m in models), ""]
     return "\n".join(lines)
 

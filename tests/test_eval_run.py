@@ -191,3 +191,8 @@ def test_a_model_with_only_infrastructure_faults_exits_non_zero(tmp_path, capsys
     err = capsys.readouterr().err
     assert "no trial of faulty was scored" in err and "infrastructure fault" in err
     assert (tmp_path / "out" / "results.json").is_file()  # the report is still written
+    report = (tmp_path / "out" / "report.md").read_text()
+    first = faults[0]
+    assert f"`{first.trial}` ({first.task}): {first.exception_type}" in report  # which trial, and what broke
+    if first.exception_message:
+        assert " ".join(first.exception_message.split())[:40] in report
