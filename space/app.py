@@ -3,8 +3,8 @@
     python space/app.py [--host 127.0.0.1] [--port 7860] [--tasks DIR]... [--source SPEC]...
 
 - **Replay** (always available, no GPU): ReTerm-10K records (a dataset folder, a parquet/jsonl file or a
-  Hub dataset id), Harbor job folders, or folders of recovery-attempt trajectories (eval's recovery
-  from recorded states, GRPO rollouts, this app's saved live runs) shown as steps: model reasoning,
+  Hub dataset id), Harbor job folders, ReTerm-GRPO rollouts, or folders of recovery-attempt trajectories
+  (eval's recovery from recorded states, this app's saved live runs) shown as steps: model reasoning,
   the command and its output in a terminal pane, exit status, the failure step marked with its error
   category, then the recovery; fan-outs show the G attempts side by side with their rewards.
 - **Live** (hosts that can run the local sandbox): pick a task and a model (embedded SmolLM2, a local

@@ -14,6 +14,8 @@ A source is named by one string (:func:`open_source` tells the kinds apart):
   (``prefix_len > 0``) are grouped into a recovery fan-out by ``metadata["failure_state"]`` (eval's
   recovery-from-states and the Space's live runs), ``metadata["state_id"]`` (GRPO rollouts), else by
   the prefix itself; trajectories without a prefix are shown as single episodes.
+- **ReTerm-GRPO rollouts** (``output_dir/rollouts/round-*-step-*-rank*.jsonl``, or the run's
+  ``output_dir``): each group of a step is a fan-out of its G attempts.
 
 Local paths can be confined to allowed roots (a public Space must not read arbitrary files):
 :class:`SourceError` names the path and what is allowed.
@@ -30,6 +32,7 @@ from typing import Any
 
 from trajectory_view import EpisodeView, FanOutView
 
+from reterm.training.grpo_outputs import ROLLOUT_FILES, read_rollout_file
 from reterm.trajectory import Outcome, Trajectory
 
 MAX_ITEMS = 1000  # entries offered in the item dropdown (filter by category to see others)
@@ -127,6 +130,9 @@ def open_source(spec: str, *, allowed_roots: list[Path] | None = None) -> Source
             raise SourceError(f"{spec}: not a .parquet/.jsonl records file or a .json trajectory")
         if _is_dataset_folder(path):
             return _records_source(spec, _load_dataset(str(path), spec))
+        for folder in (path, path / "rollouts"):  # a GRPO run's rollouts/, or its output_dir
+            if folder.is_dir() and any(folder.glob(ROLLOUT_FILES)):
+                return _rollouts_source(spec, folder)
         if _is_trial_folder(path) or _trial_folders(path):
             return _job_source(spec, path)
         files = _trajectory_files(path)
@@ -362,6 +368,51 @@ def _trajectories_source(spec: str, files: list[Path]) -> Source:
     if not src.items:
         raise SourceError(f"{spec}: no trajectory files")
     src.description = f"Trajectory files: {len(groups)} recovery fan-out(s), {len(singles)} single episode(s)"
+    return src
+
+
+def _rollouts_source(spec: str, folder: Path) -> Source:
+    """ReTerm-GRPO's ``rollouts/`` (:func:`reterm.training.grpo_outputs.read_rollout_file`): one fan-out per
+    group of each step (G attempts from one failure state, or from the task start in standard mode).
+    Attempts without a trajectory (infrastructure faults before the episode started) are counted, not shown."""
+    src = Source(spec, "trajectories", "")
+    n_groups = n_attempts = 0
+    for path in sorted(folder.glob(ROLLOUT_FILES)):
+        try:
+            rows = read_rollout_file(path)
+        except ValueError as exc:
+            raise SourceError(str(exc)) from exc
+        groups: dict[int, list[dict[str, Any]]] = {}
+        for row in rows:
+            groups.setdefault(row["group"], []).append(row)
+        for g, members in groups.items():
+            trajs = []
+            for m in sorted(members, key=lambda r: r.get("attempt") or 0):
+                if not m.get("trajectory"):
+                    continue
+                try:
+                    traj = Trajectory.model_validate(m["trajectory"])
+                except ValueError as exc:
+                    raise SourceError(f"{path}: group {g}, attempt {m.get('attempt')}: not a trajectory: {exc}") from exc
+                if m.get("category"):
+                    traj.metadata.setdefault("failure_category", m["category"])
+                trajs.append(traj)
+            n_groups, n_attempts = n_groups + 1, n_attempts + len(members)
+            if not trajs:
+                continue
+            first = members[0]
+            passed = sum(m.get("outcome") == "success" for m in members)
+            faults = sum(m.get("reward") is None for m in members)
+            where = f"state {first.get('state_id')}" if trajs[0].prefix_len else "from the task start"
+            label = (f"step {first.get('step')} · {first.get('task_id') or trajs[0].task_id} · group of {len(members)} · "
+                     f"{passed} recovered" + (f" · {faults} infra" if faults else "") + f" · {where}"
+                     + (f" · {first['category']}" if first.get("category") else ""))  # fmt: skip
+            key = f"grpo:{path.stem}:{g}"
+            src.items.append(Item(key, label, first.get("category") or ""))
+            src._data[key] = ("group", trajs)
+    if not src.items:
+        raise SourceError(f"{spec}: GRPO rollouts without any attempt trajectory")
+    src.description = f"ReTerm-GRPO rollouts: {n_groups} group(s), {n_attempts} attempt(s)"
     return src
 
 

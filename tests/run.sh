@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# torch threads spin while waiting for a core by default; next to sandboxes that costs up to 10x (bench/policies.py)
+# torch threads spin while waiting for a core by default; next to sandboxes that costs up to 5x (bench/policies.py)
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 exec .venv/bin/python -m pytest tests "$@"

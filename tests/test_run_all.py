@@ -163,6 +163,10 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "--max_steps 1 --num_generations 2" in cmds["grpo"] and "--num_train_epochs" not in cmds["sft"]
     assert "--trials 1 --max-tasks 2" in cmds["eval"]
     assert not (tmp_path / "d").exists()  # a dry run writes nothing
+    # a changed config or recipe re-runs its stage, not only a changed command
+    for name, watched in (("data", "pipeline/configs/smoke.yaml"), ("sft", "smollm2-135m/sft.yaml"),
+                          ("grpo", "smollm2-135m/grpo.yaml"), ("grpo-standard", "smollm2-135m/grpo_standard.yaml")):  # fmt: skip
+        assert f"{watched} changed" in cmds[name], name
     # the 9B recipe takes no CPU cuts
     r = _run_all("--dry-run", "--recipe", "qwen3.5-9b", "--run-dir", str(tmp_path / "q"))
     assert "--max_steps" not in r.stdout and "--num_train_epochs" not in r.stdout

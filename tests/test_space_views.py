@@ -223,3 +223,34 @@ def test_premature_submit_forks_from_the_end_state():
     assert [a.reward for a in st.attempts] == [1.0, 1.0]
     assert all(a.prefix_len == 1 for a in st.attempts)  # the submit is not part of the attempts' history
     assert run_dirs_of(os.getpid()) == []
+
+
+def test_grpo_rollouts_open_as_one_fanout_per_group(tmp_path):
+    """ReTerm-GRPO's rollouts/ (written with the trainer's own row format) open in the Space: one fan-out per
+    group; an attempt without a trajectory (an infrastructure fault) is counted, not drawn."""
+    from reterm.training.failure_pool import PoolState
+    from reterm.training.grpo_outputs import rollout_rows
+    from reterm.training.grpo_rollout import Attempt, GroupRollout
+
+    state = PoolState(state_id="s1", task_id="t", task_dir="tasks/t", prompt=[], category="missing_dependency")
+    group = GroupRollout(state=state, group=0)
+    for k, reward in enumerate([1.0, 0.0, 1.0]):
+        traj = _attempt(k, reward)
+        group.attempts.append(Attempt("s1", 0, k, trajectory=traj, reward=reward, outcome=traj.outcome.value))
+    group.attempts.append(Attempt("s1", 0, 3, reward=None, outcome="sandbox_error", mask_reason="infra_fault"))
+    rollouts = tmp_path / "run" / "rollouts"
+    rollouts.mkdir(parents=True)
+    (rollouts / "round-00002-step-00002-rank0.jsonl").write_text(
+        "\n".join(__import__("json").dumps(r) for r in rollout_rows([group], step=2, generation_round=2)) + "\n")
+    for spec in (rollouts, tmp_path / "run"):  # the rollouts folder, or the run's output_dir
+        src = open_source(str(spec))
+        assert len(src.items) == 1 and "2 group" not in src.description
+        item = src.items[0]
+        assert "step 2" in item.label and "group of 4" in item.label and "2 recovered" in item.label
+        assert "1 infra" in item.label and item.category == "missing_dependency"
+        view = src.view(item.key)
+        assert isinstance(view, FanOutView) and [a.reward for a in view.attempts] == [1.0, 0.0, 1.0]
+        assert view.prefix.failure_step == 1 and "2 of 3 scored attempts recovered" in render_fanout(view)
+    (rollouts / "round-00003-step-00003-rank0.jsonl").write_text('{"group": 0}\n')
+    with pytest.raises(SourceError, match=r"round-00003-step-00003-rank0.jsonl:1: not a GRPO rollout row"):
+        open_source(str(rollouts))

@@ -103,7 +103,11 @@ selected() {
 stage() {
   local name=$1 output=$2; shift 3
   selected "$name" || return 0
-  if [ "$DRY_RUN" = 1 ]; then printf '\n[%s]\n  %s\n' "$name" "$*"; return 0; fi
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '\n[%s]\n  %s\n' "$name" "$*"
+    [ -n "${WATCH:-}" ] && printf '  (done already = skipped, unless this command or %s changed)\n' "$WATCH"
+    return 0
+  fi
   local opts=(--run-dir "$RUN" --stage "$name" --outputs "$output") s after=0
   for s in "${STAGES[@]}"; do [ $after = 1 ] && opts+=(--later "$s"); [ "$s" = "$name" ] && after=1; done
   [ "$FORCE" = 1 ] && opts+=(--force)                   # start afresh: delete the stage's outputs first
@@ -162,8 +166,8 @@ case "$RECIPE:$SIZE" in
   smollm2-135m:default)
     # Why these overrides: the embedded default must finish in < 45 min on 2 idle cores (issue 11), set-up
     # included, with about 5 min for SFT and for each GRPO run. The recipes keep their own sizes for the
-    # standalone runs of issues 6 and 7 (sft.yaml: 2 epochs, ~8-10 min here; grpo.yaml: 10 steps, ~60-90 s
-    # a step here), so the cuts are made here, on the command line, and show in the model card's recipe.
+    # standalone runs of issues 6 and 7 (sft.yaml: 2 epochs; grpo.yaml: 10 steps, ~40 s a step, 7-8 min
+    # here), so the cuts are made here, on the command line, and show in the model card's recipe.
     SFT_SIZE=(--num_train_epochs 1)            # ~7 optimiser steps of 2 records on the smoke dataset
     GRPO_SIZE=(--max_steps 4 --save_steps 2)   # the same budget for both GRPO runs; a checkpoint to resume from
     # eval: 4 models x 6 test tasks x 2 trials (2 trials: Pass@1 has a standard error) of at most 3 turns x 64
@@ -218,18 +222,18 @@ else
 fi
 
 # 2. data: the recovery dataset (a Hub-layout folder: data/*.parquet, stats.json, report.md, plots/)
-stage data "$RUN/data" -- "${DATA_WRAP[@]}" "$PY" -m pipeline.build --config "$DATA_CONFIG" --output "$RUN/data" \
+WATCH=$DATA_CONFIG stage data "$RUN/data" -- "${DATA_WRAP[@]}" "$PY" -m pipeline.build --config "$DATA_CONFIG" --output "$RUN/data" \
   "${DATA_ENDPOINTS[@]}" "${DATA_SIZE[@]}"
 
 # 3. SFT cold start on the recovery dataset (LoRA on the CPU; the checkpoint + merged/ for the harness)
-stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
+WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
   --output_dir "$RUN/sft" "${SFT_SIZE[@]}"
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
 
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget
-stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
+WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${GRPO_SIZE[@]}"
-stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
+WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${GRPO_SIZE[@]}"
 
 # 6. evaluation of the four models on the test split (Harbor jobs; results.json, report.md, PNGs)

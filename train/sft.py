@@ -12,7 +12,7 @@ fields; command-line flags override the recipe)::
     python train/sft.py --config train/recipes/smollm2-135m/sft.yaml            # CPU, minutes
     accelerate launch --config_file train/accelerate_configs/zero3.yaml \\
         train/sft.py --config train/recipes/qwen3.5-9b/sft.yaml                  # 8 GPUs
-    python train/sft.py --config train/recipes/qwen3.5-9b/sft.yaml --check      # CPU, seconds
+    python train/sft.py --config train/recipes/qwen3.5-9b/sft.yaml --check      # CPU, tiny Qwen3.5, 1 step
 
 ``--check`` runs the recipe's code path on the tiny Qwen3.5 with GPU-only options off for one step
 (:mod:`reterm.training.check`); the dataset becomes the test fixture ``tests/fixtures/reterm10k_mini``

@@ -260,7 +260,10 @@ def run_stage(
         )
         return 0
     if done is not None and not same and not force:
-        print(f"==> {stage}: its command or inputs changed since it completed; running it again", flush=True)
+        changed = [k for k in set(inputs) | set(done.get("inputs", {})) if inputs.get(k) != done.get("inputs", {}).get(k)]
+        what = "its command" if done.get("command") != command else "its inputs (" + ", ".join(sorted(changed)) + ")"
+        print(f"==> {stage}: {what} changed since it completed; running it again (if it refuses to resume "
+              f"its earlier work with them, start it afresh: --force --only {stage})", flush=True)  # fmt: skip
     if not always:
         marker_path(run_dir, stage).unlink(missing_ok=True)
     for name in later:

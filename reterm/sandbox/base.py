@@ -3,7 +3,7 @@
 Every sandbox's root is an overlay of read-only layers on this base: it is the userland a task's
 ``FROM debian|ubuntu|python`` maps onto (see :mod:`reterm.sandbox.dockerfile`). It is made with
 ``debootstrap --variant=minbase --include=<PACKAGES> bookworm`` from the Debian mirror configured in
-apt's sources (NOTES.md: about 40 s and 400 MB here), cached under
+apt's sources (about 75 s and 390 MB here; docs/SANDBOX.md), cached under
 ``<cache>/sandbox/base/<key>/rootfs`` where ``key`` hashes the suite, variant and package list, and
 built under a lock so that several processes starting at once build it only once.
 

@@ -94,6 +94,50 @@ def recovery_table(totals: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+ROLLOUT_FILES = "round-*-step-*-rank*.jsonl"  # what ReTermGRPOTrainer writes to output_dir/rollouts/
+
+
+def rollout_rows(results: list[Any], step: int, generation_round: int) -> list[dict[str, Any]]:
+    """One JSON-ready row per attempt of ``results`` (a step's ``GroupRollout`` list), the format of the
+    rollouts files (:func:`read_rollout_file` lists the keys)."""
+    rows = []
+    for gr in results:
+        for a in gr.attempts:
+            rows.append({
+                "step": step, "round": generation_round, "group": gr.group, "attempt": a.index,
+                "state_id": gr.state.state_id, "task_id": gr.state.task_id, "category": gr.state.category,
+                "state_source": gr.state.source, "dropped": gr.dropped, "reward": a.reward,
+                "outcome": a.outcome, "mask_reason": a.mask_reason, "environment_id": a.environment_id,
+                "tokens": None if a.tokens is None else {
+                    "prompt": len(a.tokens.prompt_ids), "completion": len(a.tokens.completion_ids),
+                    "generated": a.tokens.generated_tokens, "exact": a.tokens.exact},
+                "trajectory": None if a.trajectory is None else a.trajectory.model_dump(mode="json"),
+            })  # fmt: skip
+    return rows
+
+
+def read_rollout_file(path: str | Path) -> list[dict[str, Any]]:
+    """The attempt rows of one rollouts file (one JSON object per line, as ``ReTermGRPOTrainer`` writes
+    them: ``step``, ``round``, ``group``, ``attempt``, ``state_id``, ``task_id``, ``category``, ``reward``,
+    ``outcome``, ``mask_reason``, ``dropped``, ``tokens``, ``trajectory`` (a ``Trajectory`` dump or None)).
+
+    Raises:
+        ValueError: naming the file and line of a line that is not a JSON object with ``group`` and ``reward``.
+    """
+    rows = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or "group" not in row or "reward" not in row:
+            raise ValueError(f"{path}:{n}: not a GRPO rollout row (needs 'group' and 'reward')")
+        rows.append(row)
+    return rows
+
+
 def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
     """Whole-run counts recomputed from the attempts written to ``output_dir/rollouts/`` (a resumed run's
     rounds before the resume included), with the keys of ``ReTermGRPOTrainer.totals``: ``groups``,
@@ -106,8 +150,8 @@ def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
     from reterm.trajectory import Trajectory
 
     totals: Counter = Counter()
-    for path in sorted(Path(folder).glob("round-*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for path in sorted(Path(folder).glob(ROLLOUT_FILES)):
+        rows = read_rollout_file(path)
         groups: dict[int, list[dict]] = {}
         for r in rows:
             groups.setdefault(r["group"], []).append(r)

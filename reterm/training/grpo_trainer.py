@@ -52,6 +52,7 @@ from trl import GRPOTrainer
 
 from reterm.training.failure_pool import FailurePool, PoolState, SnapshotCache, online_states_from_attempt
 from reterm.training.grpo_config import ReTermGRPOConfig
+from reterm.training.grpo_outputs import rollout_rows
 from reterm.training.grpo_policy import GenerateFn, GenerationRequest, TokenTrajectoryPolicy
 from reterm.training.grpo_rollout import GroupRollout, RolloutEngine, RolloutSettings
 from reterm.trajectory import write_json_atomic
@@ -412,19 +413,8 @@ class ReTermGRPOTrainer(GRPOTrainer):
         path = folder / f"round-{self._generation_round:05d}-step-{step:05d}-rank{rank}.jsonl"
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "w") as fh:
-            for gr in results:
-                for a in gr.attempts:
-                    row = {
-                        "step": step, "round": self._generation_round, "group": gr.group, "attempt": a.index,
-                        "state_id": gr.state.state_id, "task_id": gr.state.task_id, "category": gr.state.category,
-                        "state_source": gr.state.source, "dropped": gr.dropped, "reward": a.reward,
-                        "outcome": a.outcome, "mask_reason": a.mask_reason, "environment_id": a.environment_id,
-                        "tokens": None if a.tokens is None else {
-                            "prompt": len(a.tokens.prompt_ids), "completion": len(a.tokens.completion_ids),
-                            "generated": a.tokens.generated_tokens, "exact": a.tokens.exact},
-                        "trajectory": None if a.trajectory is None else a.trajectory.model_dump(mode="json"),
-                    }  # fmt: skip
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            for row in rollout_rows(results, step, self._generation_round):
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
 
     # ------------------------------------------------------------------------------- loss
