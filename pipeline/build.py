@@ -412,7 +412,10 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
         key, sep, raw = v.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {v!r}: use KEY=VALUE, e.g. --set rollout.attempts=1")
-        out[key.strip()] = yaml.safe_load(raw)
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key.strip()}: the value {raw!r} is not a YAML value ({exc.problem or exc})") from None
     return out
 
 

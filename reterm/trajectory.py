@@ -23,7 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 SCHEMA_VERSION = "reterm-trajectory/1"
 
@@ -120,13 +120,19 @@ class Trajectory(BaseModel):
     system_prompt: str
     policy: str = ""
     steps: list[Step] = Field(default_factory=list)
-    prefix_len: int = 0
+    prefix_len: int = Field(0, ge=0)
     reward: float | None = None
     outcome: Outcome = Outcome.PENDING
     stop_reason: StopReason | None = None
     error: str | None = None  # message of the infrastructure fault, if any
     wall_s: float = 0.0
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _prefix_within_steps(self) -> "Trajectory":
+        if self.prefix_len > len(self.steps):
+            raise ValueError(f"prefix_len {self.prefix_len} is larger than the number of steps ({len(self.steps)})")
+        return self
 
     # ----------------------------------------------------------------------------------- scoring
     @property

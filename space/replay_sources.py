@@ -80,11 +80,19 @@ class Source:
         return items[:MAX_ITEMS]
 
     def view(self, key: str) -> EpisodeView | FanOutView:
-        """The view of one item. Raises :class:`SourceError` for an unknown key."""
+        """The view of one item.
+
+        Raises:
+            SourceError: an unknown key, or an item whose fields cannot be shown (a wrongly typed
+                ``failure_step``, ...): the message names the item, so the Space shows it instead of a bare error.
+        """
         if key not in self._data:
             raise SourceError(f"{self.name}: no item {key!r}")
         builder = {"records": _record_view, "job": _job_view, "trajectories": _traj_view}[self.kind]
-        return builder(self._data[key])
+        try:
+            return builder(self._data[key])
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise SourceError(f"{self.name}: item {key!r} cannot be shown: {type(exc).__name__}: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------- opening
@@ -128,11 +136,11 @@ def open_source(spec: str, *, allowed_roots: list[Path] | None = None) -> Source
             if path.suffix == ".json":
                 return _trajectories_source(spec, [path])
             raise SourceError(f"{spec}: not a .parquet/.jsonl records file or a .json trajectory")
-        if _is_dataset_folder(path):
-            return _records_source(spec, _load_dataset(str(path), spec))
         for folder in (path, path / "rollouts"):  # a GRPO run's rollouts/, or its output_dir
             if folder.is_dir() and any(folder.glob(ROLLOUT_FILES)):
                 return _rollouts_source(spec, folder)
+        if _is_dataset_folder(path):
+            return _records_source(spec, _load_dataset(str(path), spec))
         if _is_trial_folder(path) or _trial_folders(path):
             return _job_source(spec, path)
         files = _trajectory_files(path)

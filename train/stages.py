@@ -95,12 +95,36 @@ def marker_path(run_dir: Path, stage: str) -> Path:
     return Path(run_dir) / "stages" / f"{stage}.json"
 
 
-def read_marker(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    """The completion record of ``stage``, or ``None`` when the stage has not completed."""
-    try:
-        return json.loads(marker_path(run_dir, stage).read_text())
-    except (OSError, ValueError):
+_NUMBERS = ("wall_s", "last_attempt_wall_s", "peak_mem_mb", "max_process_rss_mb", "load_avg_mean",
+            "earlier_s", "earlier_peak_mb", "elapsed_s")  # fmt: skip
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A stage record (``NAME.json`` or ``NAME.running.json``): ``None`` when missing; when unreadable
+    (torn, not a JSON object) a warning naming the file on stderr and ``None``. Numeric fields that are
+    not numbers are dropped (with a warning), so a hand-edited record cannot break the summary."""
+    path = Path(path)
+    if not path.exists():
         return None
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"warning: stage record {path} is unreadable ({exc}); treated as missing", file=sys.stderr, flush=True)
+        return None
+    if not isinstance(rec, dict):
+        print(f"warning: stage record {path} is not a JSON object; treated as missing", file=sys.stderr, flush=True)
+        return None
+    for k in _NUMBERS:
+        v = rec.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            print(f"warning: stage record {path}: {k} = {v!r} is not a number; ignored", file=sys.stderr, flush=True)
+            rec.pop(k)
+    return rec
+
+
+def read_marker(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The completion record of ``stage``, or ``None`` when the stage has not completed (see :func:`read_record`)."""
+    return read_record(marker_path(run_dir, stage))
 
 
 # ------------------------------------------------------------------------------- memory sampling
@@ -282,10 +306,11 @@ def run_stage(
     running = run_dir / "stages" / f"{stage}.running.json"
     earlier = {"earlier_s": 0.0, "earlier_peak_mb": 0.0, "earlier_attempts": 0}
     if running.exists() and not force:
-        prev = _load_json(running) or {}
+        prev = read_record(running) or {}
+        attempts = prev.get("earlier_attempts")
         earlier = {"earlier_s": float(prev.get("earlier_s") or 0) + float(prev.get("elapsed_s") or 0),
                    "earlier_peak_mb": max(float(prev.get("earlier_peak_mb") or 0), float(prev.get("peak_mem_mb") or 0)),
-                   "earlier_attempts": int(prev.get("earlier_attempts") or 0) + 1}  # fmt: skip
+                   "earlier_attempts": (attempts if isinstance(attempts, int) else 0) + 1}  # fmt: skip
         print(f"    (resuming after {earlier['earlier_attempts']} interrupted attempt(s), "
               f"{fmt_duration(earlier['earlier_s'])} so far)", flush=True)  # fmt: skip
     log_path = run_dir / "logs" / f"{stage}.log"
@@ -393,14 +418,23 @@ def eval_config(
         The config written (a dict).
 
     Raises:
-        ValueError: ``base`` has no ``reterm`` model to take the agent settings from, or a checkpoint of
-            the run is missing (the stage that makes it has not run).
+        ValueError: ``base`` is not a YAML mapping with a list of models, has no ``reterm`` model to take the
+            agent settings from, or a checkpoint of the run is missing (the stage that makes it has not run).
     """
     import copy
 
     import yaml
 
-    data = yaml.safe_load(Path(base).read_text())
+    try:
+        data = yaml.safe_load(Path(base).read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{base}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{base}: expected an eval config (a mapping), got {type(data).__name__}")
+    if not isinstance(data.get("models", []), list) or not all(isinstance(m, dict) for m in data.get("models", [])):
+        raise ValueError(f"{base}: models must be a list of mappings (name, agent, policy, kwargs)")
+    if not isinstance(data.get("recovery_from_states") or {}, dict):
+        raise ValueError(f"{base}: recovery_from_states must be a mapping")
     template = next((m for m in data.get("models", []) if m.get("agent", "reterm") == "reterm"
                      and str(m.get("policy", "")).split(":")[0] in ("smollm2", "hf")), None)  # fmt: skip
     if template is None:

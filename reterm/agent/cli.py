@@ -111,24 +111,29 @@ async def _run(args: argparse.Namespace) -> int:
 
     from reterm.agent.atif import write_trial_files
     from reterm.agent.episode import run_episode
-    from reterm.policies import load_policy
+    from reterm.policies import check_policy_spec, load_policy
 
     console = Console()
     task_dir = resolve_task_dir(args.task)
     task = Task(task_dir)
     task_id = str(task.name).split("/")[-1]
-    environment_kind(args.env)  # a bad --env fails here, before an output folder exists
+    # bad input fails before an output folder exists: the environment kind, the policy spec, the policy itself
+    environment_kind(args.env)
+    spec = check_policy_spec(args.policy)
     out = args.output or Path("runs") / f"run-{task_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out}: exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
     kwargs = dict(kv.split("=", 1) for kv in args.policy_arg)
     kwargs = {k: _value(v) for k, v in kwargs.items()}
-    if args.policy == "oracle":
+    if spec == "oracle":
         kwargs.setdefault("tasks", task_dir)
-    console.print(f"[bold]task[/] {task_id}  [bold]policy[/] {args.policy}  [bold]env[/] {args.env}  [bold]output[/] {out}")
-    with console.status(f"loading policy {args.policy} ..."):
-        policy = load_policy(args.policy, **kwargs)
+    console.print(f"[bold]task[/] {task_id}  [bold]policy[/] {spec}  [bold]env[/] {args.env}  [bold]output[/] {out}")
+    with console.status(f"loading policy {spec} ..."):
+        try:
+            policy = load_policy(spec, **kwargs)
+        except OSError as exc:  # transformers: no such folder / not a model / not on the Hub
+            raise ValueError(f"--policy {spec}: the model could not be loaded: {exc}") from exc
+    out.mkdir(parents=True, exist_ok=True)
     env = make_environment(args.env, task, out)
     printer = _Printer(console, args.max_turns, args.max_output_lines)
     traj = None

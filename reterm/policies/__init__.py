@@ -12,6 +12,7 @@ Heavy imports (torch, transformers, openai) happen only when the matching policy
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
@@ -69,7 +70,8 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
         The policy.
 
     Raises:
-        ValueError: an unknown or incomplete spec, or a missing required keyword (named in the message).
+        ValueError: an unknown or incomplete spec, a local model folder (`hf:/...`, `hf:./...`) that does not
+            exist, or a missing required keyword (named in the message).
     """
     spec = (spec or "").strip()
     if spec == "smollm2" or spec.startswith("hf:"):
@@ -78,6 +80,8 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
         model = spec[3:] if spec.startswith("hf:") else "smollm2"
         if not model:
             raise ValueError("policy spec 'hf:' needs a model: hf:<local-path-or-hub-id>")
+        if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+            raise ValueError(f"policy spec {spec!r}: no such model folder {model}")
         return TransformersPolicy(model, **kwargs)
     if spec.startswith("openai:"):
         from reterm.policies.endpoint import EndpointPolicy

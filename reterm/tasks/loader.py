@@ -268,7 +268,12 @@ def check_local_build(task_dir: Path, config: TaskConfig) -> None:
 
 
 def _validate_folder(task_dir: Path, config: TaskConfig, *, origin: Path | None = None) -> None:
-    """Checks Harbor's Task constructor does not make (or makes with less helpful messages)."""
+    """Checks Harbor's Task constructor does not make (or makes with less helpful messages).
+
+    Raises:
+        TaskLoadError: no or an empty instruction, a verifier that writes no reward, or a timeout or
+            resource size in ``task.toml`` that is zero or negative.
+    """
     origin = origin or task_dir
     if not config.steps:
         instruction = task_dir / "instruction.md"
@@ -277,6 +282,13 @@ def _validate_folder(task_dir: Path, config: TaskConfig, *, origin: Path | None 
         if not instruction.read_text(errors="replace").strip():
             raise TaskLoadError(origin / "instruction.md", "is empty: the task has no instruction for the agent")
     check_reward_written(task_dir / "tests")
+    # Harbor accepts these at any value; zero or less makes every trial stop at once (counted as an agent
+    # failure) or a sandbox that cannot start (new-user case: `timeout_sec = -5` passed `tasks check`)
+    for section, name in (("agent", "timeout_sec"), ("verifier", "timeout_sec"), ("environment", "build_timeout_sec"),
+                           ("environment", "cpus"), ("environment", "memory_mb"), ("environment", "storage_mb")):  # fmt: skip
+        value = getattr(getattr(config, section), name, None)
+        if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)) and value <= 0:
+            raise TaskLoadError(origin / "task.toml", f"[{section}] {name} = {value}: must be greater than 0")
 
 
 def _harbor_task(task_dir: Path, *, origin: Path | None = None) -> Task:

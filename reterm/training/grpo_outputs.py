@@ -122,7 +122,8 @@ def read_rollout_file(path: str | Path) -> list[dict[str, Any]]:
     ``outcome``, ``mask_reason``, ``dropped``, ``tokens``, ``trajectory`` (a ``Trajectory`` dump or None)).
 
     Raises:
-        ValueError: naming the file and line of a line that is not a JSON object with ``group`` and ``reward``.
+        ValueError: naming the file and line of a line that is not a JSON object with an integer ``group``
+            and a numeric or null ``reward``.
     """
     rows = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -134,6 +135,10 @@ def read_rollout_file(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict) or "group" not in row or "reward" not in row:
             raise ValueError(f"{path}:{n}: not a GRPO rollout row (needs 'group' and 'reward')")
+        if isinstance(row["group"], bool) or not isinstance(row["group"], int):
+            raise ValueError(f"{path}:{n}: group = {row['group']!r} is not an integer")
+        if row["reward"] is not None and (isinstance(row["reward"], bool) or not isinstance(row["reward"], (int, float))):
+            raise ValueError(f"{path}:{n}: reward = {row['reward']!r} is not a number or null")
         rows.append(row)
     return rows
 
