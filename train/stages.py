@@ -772,7 +772,8 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
         cats_d = data_stats.get("categories") or {}
         lines.append(f"- dataset `{rel}/data`: {sum((data_stats.get('splits') or {}).values())} records from "
                      f"{sum(1 for v in cats_d.values() if v.get('records'))} error categories "
-                     f"(sources {data_stats.get('failure_sources')}); policy `{data_stats.get('policy')}`, "
+                     f"(failure sources: {', '.join(f'{k} {v}' for k, v in (data_stats.get('failure_sources') or {}).items())}); "
+                     f"policy `{data_stats.get('policy')}`, "
                      f"teacher `{data_stats.get('teacher')}`")  # fmt: skip
     if sft:
         held = sft.get("heldout") or {}
@@ -780,8 +781,9 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
         if held.get("final_nll_per_token") is not None:  # the data stage's held-out split (dataset.held_out_tasks)
             before = f"{_num(held['base_nll_per_token'])} -> " if held.get("base_nll_per_token") is not None else ""
             held_text = f"; held-out NLL per recovery token {before}{_num(held['final_nll_per_token'])}"
-        lines.append(f"- SFT: {sft.get('steps')} steps ({sft.get('finetuning')}), loss {_num(sft.get('first_loss'))} "
-                     f"-> {_num(sft.get('final_loss'))}{held_text}")  # fmt: skip
+        lines.append(f"- SFT: {sft.get('steps')} steps ({sft.get('finetuning')}), loss on the training batch "
+                     f"{_num(sft.get('first_loss'))} (first step) -> {_num(sft.get('final_loss'))} (last step; other "
+                     f"records each step){held_text}")  # fmt: skip
     for n, s in grpo.items():
         if s:
             lines.append(f"- {MODELS[n][0]}: {s.get('steps')} steps, reward {_num(s.get('first_reward'))} -> "
