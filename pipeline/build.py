@@ -373,6 +373,14 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
 
     # stats, dataset folder, report
     _say(f"stage 6/6 write: {len(kept)} records, {len(failed)} failed attempts")
+    if cfg.dataset.held_out_tasks:
+        from pipeline.write import held_out_task_ids
+
+        held = held_out_task_ids(kept, cfg.dataset.held_out_tasks, cfg.seed)
+        _say(f"held-out test split: the records of {len(held)} task(s) ({', '.join(held) or 'none'})"
+             + (f"; dataset.held_out_tasks asked for {cfg.dataset.held_out_tasks}, but at least one of the "
+                f"{len({r['task_id'] for r in kept})} task(s) with records stays in train"
+                if len(held) < cfg.dataset.held_out_tasks else ""))  # fmt: skip
     per_category = per_category_counts(items, units)
     ro = rollouts.summary()
     infra = ro["infra_faults"] + sum(c.get("infra_attempts", 0) + c.get("rebuild_infra", 0) for c in per_category.values())
