@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -225,9 +226,10 @@ class JobTrials:
 def load_job(job_dirs: str | Path | Iterable[str | Path]) -> JobTrials:
     """Read and classify every trial of one or more Harbor job folders.
 
-    A trial folder is a sub-folder holding ``result.json``; sub-folders without one (a killed job) are
-    listed in ``incomplete`` and scored nowhere. Raises ``FileNotFoundError`` for a missing job folder
-    and ``ValueError`` naming the file for a ``result.json`` that is not a Harbor trial result.
+    A trial folder is a sub-folder holding ``result.json``; sub-folders without one, or with one that is
+    not complete JSON (a killed job), are listed in ``incomplete`` (counted as infrastructure faults) and
+    scored nowhere. Raises ``FileNotFoundError`` for a missing job folder and ``ValueError`` naming the file
+    for a ``result.json`` that is JSON but not a Harbor trial result.
     """
     dirs = [job_dirs] if isinstance(job_dirs, (str, Path)) else list(job_dirs)
     out = JobTrials()
@@ -240,9 +242,16 @@ def load_job(job_dirs: str | Path | Iterable[str | Path]) -> JobTrials:
                 if (trial_dir / "config.json").exists():
                     out.incomplete.append(str(trial_dir))
                 continue
+            text = path.read_text(errors="replace")
             try:
-                result = TrialResult.model_validate_json(path.read_text())
-            except Exception as exc:  # pydantic.ValidationError or JSON errors
+                json.loads(text)
+            except ValueError:  # torn by a kill while Harbor wrote it: the trial did not complete
+                print(f"warning: {path} is not complete JSON; the trial is counted as incomplete", file=sys.stderr)
+                out.incomplete.append(str(trial_dir))
+                continue
+            try:
+                result = TrialResult.model_validate_json(text)
+            except Exception as exc:  # pydantic.ValidationError
                 raise ValueError(f"{path}: not a Harbor trial result ({exc})") from exc
             out.trials.append(score_trial(result, trial_dir))
     return out

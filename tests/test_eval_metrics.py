@@ -101,6 +101,20 @@ def test_bad_inputs_name_the_file(tmp_path):
         load_job(tmp_path)
 
 
+def test_a_torn_result_is_an_incomplete_trial_not_an_error(tmp_path, capsys):
+    """A result.json cut short by a kill (new-user case) counts as an incomplete trial; the rest still score."""
+    import shutil
+
+    for name in ("task-a__demo0", "task-b__demo3"):
+        shutil.copytree(JOBS / "demo" / name, tmp_path / name)
+    torn = tmp_path / "task-b__demo3" / "result.json"
+    torn.write_text(torn.read_text()[:200])
+    job = load_job(tmp_path)
+    assert [t.trial for t in job.trials] == ["task-a__demo0"]
+    assert job.incomplete == [str(tmp_path / "task-b__demo3")]
+    assert "task-b__demo3/result.json is not complete JSON" in capsys.readouterr().err
+
+
 def test_multi_reward_without_reward_key_is_an_error():
     result = TrialResult.model_validate_json((JOBS / "demo" / "task-a__demo0" / "result.json").read_text())
     result.verifier_result.rewards = {"a": 1.0, "b": 0.0}
