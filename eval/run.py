@@ -56,9 +56,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eval import metrics
 from eval.recovery import RecoveryFromStatesSpec
+from reterm.agent.environments import environment_kind
 
 RETERM_AGENT = "reterm.agent.harbor:ReTermAgent"
-LOCAL_ENVIRONMENT = "reterm.sandbox.local:LocalEnvironment"
 
 
 class EvalConfigError(ValueError):
@@ -125,10 +125,12 @@ class EnvironmentSpec(_Strict):
     def _known(cls, v: str) -> str:
         from harbor.models.environment_type import EnvironmentType
 
-        if v == "local" or ":" in v or v in {e.value for e in EnvironmentType}:
-            return v
-        raise ValueError(f"environment.type {v!r}: use local, module:Class, or one of Harbor's types "
-                         f"({', '.join(sorted(e.value for e in EnvironmentType))})")
+        try:
+            environment_kind(v)
+        except ValueError:
+            raise ValueError(f"environment.type {v!r}: use local, module:Class, or one of Harbor's types "
+                             f"({', '.join(sorted(e.value for e in EnvironmentType))})") from None
+        return v
 
 
 class TimeoutSpec(_Strict):
@@ -336,14 +338,13 @@ def harbor_dataset(spec: DatasetSpec) -> "Any":
 
 
 def harbor_environment(spec: EnvironmentSpec) -> "Any":
-    """The Harbor :class:`EnvironmentConfig`: ``local`` is :data:`LOCAL_ENVIRONMENT`."""
+    """The Harbor :class:`EnvironmentConfig`: ``local`` is :data:`reterm.agent.environments.LOCAL_ENVIRONMENT`."""
     from harbor.models.trial.config import EnvironmentConfig
 
-    if spec.type == "local":
-        return EnvironmentConfig(import_path=LOCAL_ENVIRONMENT, kwargs=spec.kwargs, force_build=spec.force_build)
-    if ":" in spec.type:
-        return EnvironmentConfig(import_path=spec.type, kwargs=spec.kwargs, force_build=spec.force_build)
-    return EnvironmentConfig(type=spec.type, kwargs=spec.kwargs, force_build=spec.force_build)
+    import_path, env_type = environment_kind(spec.type)
+    if import_path:
+        return EnvironmentConfig(import_path=import_path, kwargs=spec.kwargs, force_build=spec.force_build)
+    return EnvironmentConfig(type=env_type, kwargs=spec.kwargs, force_build=spec.force_build)
 
 
 def job_config(cfg: EvalConfig, model: ModelSpec) -> "Any":

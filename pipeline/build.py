@@ -311,7 +311,7 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
     """
     from pipeline.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
     from pipeline.report import markdown, plots
-    from pipeline.write import build_stats, per_category_counts, records_from_unit, write_output
+    from pipeline.write import build_stats, per_category_counts, records_from_unit, split_records, write_output
 
     t0 = time.monotonic()
     output = Path(output)
@@ -373,10 +373,9 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
 
     # stats, dataset folder, report
     _say(f"stage 6/6 write: {len(kept)} records, {len(failed)} failed attempts")
+    splits = split_records(kept, cfg)  # once: stats.json's counts and the written shards come from it
     if cfg.dataset.held_out_tasks:
-        from pipeline.write import held_out_task_ids
-
-        held = held_out_task_ids(kept, cfg.dataset.held_out_tasks, cfg.seed)
+        held = sorted({r["task_id"] for r in splits.get("test", [])})
         _say(f"held-out test split: the records of {len(held)} task(s) ({', '.join(held) or 'none'})"
              + (f"; dataset.held_out_tasks asked for {cfg.dataset.held_out_tasks}, but at least one of the "
                 f"{len({r['task_id'] for r in kept})} task(s) with records stays in train"
@@ -386,9 +385,9 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
     infra = ro["infra_faults"] + sum(c.get("infra_attempts", 0) + c.get("rebuild_infra", 0) for c in per_category.values())
     infra += journal.summary("injection").get("infra_faults", 0)
     teacher = cfg.recovery.policy if cfg.recovery.policy != "self" else cfg.rollout.policy
-    stats = build_stats(cfg, kept, per_category, ro, infra, funnel, decon.benchmarks, decon_method, tasks,
+    stats = build_stats(cfg, kept, splits, per_category, ro, infra, funnel, decon.benchmarks, decon_method, tasks,
                         cfg.rollout.policy, teacher)  # fmt: skip
-    paths = write_output(output, kept, failed, stats, cfg) if kept else {}
+    paths = write_output(output, splits, failed, stats, cfg) if kept else {}
     state_sources: dict[str, Counter] = defaultdict(Counter)
     for it in items:
         state_sources[it.state.category][it.source] += 1

@@ -138,10 +138,12 @@ def versions() -> dict[str, Any]:
     return {"python": sys.version.split()[0], "platform": platform.platform(), "packages": pkgs}
 
 
-def build_stats(cfg: PipelineConfig, kept: list[dict[str, Any]], per_category: dict[str, dict[str, int]],
+def build_stats(cfg: PipelineConfig, kept: list[dict[str, Any]], splits: dict[str, list[dict[str, Any]]],
+                per_category: dict[str, dict[str, int]],
                 rollouts: dict[str, int], infra_faults: int, funnel: dict[str, int], benchmarks: list[str],
                 decon_method: str, tasks: list[TaskInfo], policy: str, teacher: str) -> dict[str, Any]:  # fmt: skip
-    """The ``stats.json`` dict (validated by :class:`dataset_card.stats.DatasetStats` when written)."""
+    """The ``stats.json`` dict (validated by :class:`dataset_card.stats.DatasetStats` when written);
+    ``splits`` is :func:`split_records` of ``kept``."""
     records_per_cat = Counter(r["failure_category"] for r in kept)
     categories = {}
     for cat in sorted(set(per_category) | set(records_per_cat)):
@@ -164,7 +166,7 @@ def build_stats(cfg: PipelineConfig, kept: list[dict[str, Any]], per_category: d
         "version": cfg.dataset.version,
         "created": datetime.now(timezone.utc).date().isoformat(),
         "license": cfg.dataset.license,
-        "splits": {name: len(rows) for name, rows in split_records(kept, cfg).items()},
+        "splits": {name: len(rows) for name, rows in splits.items()},
         "categories": categories,
         "failure_sources": {"own": sources_by_src.get("own", 0), "injected": sources_by_src.get("injected", 0)},
         "rollouts": {"episodes": rollouts["episodes"], "failed": rollouts["failed"], "infra_faults": infra_faults},
@@ -201,12 +203,12 @@ def split_records(kept: list[dict[str, Any]], cfg: PipelineConfig) -> dict[str, 
     return {"train": [r for r in kept if r["task_id"] not in held], "test": [r for r in kept if r["task_id"] in held]}
 
 
-def write_output(output: Path, kept: list[dict[str, Any]], failed: list[dict[str, Any]], stats: dict[str, Any],
-                 cfg: PipelineConfig) -> dict[str, Any]:  # fmt: skip
-    """Write the dataset folder, the failed attempts, the run's config and versions. Returns the paths."""
+def write_output(output: Path, splits: dict[str, list[dict[str, Any]]], failed: list[dict[str, Any]],
+                 stats: dict[str, Any], cfg: PipelineConfig) -> dict[str, Any]:  # fmt: skip
+    """Write the dataset folder (``splits``: :func:`split_records`), the failed attempts, the run's config
+    and versions. Returns the paths."""
     from dataset_card.layout import write_dataset_folder
 
-    splits = split_records(kept, cfg)
     shards = write_dataset_folder(output, splits, stats)
     failed_path = write_parquet(failed, output / FAILED_DIR / "attempts-00000-of-00001.parquet")
     cfg_path = output / "run_config.yaml"

@@ -12,6 +12,7 @@ import yaml
 
 from eval import run
 from eval.report import markdown, write_report
+from reterm.agent.environments import LOCAL_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -50,7 +51,7 @@ def test_job_config_maps_onto_harbor(tmp_path):
     })
     jc = run.job_config(cfg, cfg.models[0])
     assert (jc.job_name, jc.jobs_dir, jc.n_attempts, jc.n_concurrent_trials) == ("base", tmp_path / "out/jobs", 4, 2)
-    assert jc.environment.import_path == run.LOCAL_ENVIRONMENT
+    assert jc.environment.import_path == LOCAL_ENVIRONMENT
     assert jc.agents[0].import_path == run.RETERM_AGENT and jc.agents[0].kwargs == {"policy": "smollm2"}
     assert jc.agents[0].override_timeout_sec == 60 and jc.verifier.override_timeout_sec == 30
     assert jc.datasets[0].path == tmp_path / "tasks" and jc.datasets[0].task_names == ["a*"]

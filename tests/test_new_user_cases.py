@@ -115,7 +115,7 @@ def test_reterm_run_environment_gets_the_tasks_network_policy(tmp_path):
     from harbor.models.task.config import NetworkMode
     from harbor.models.task.task import Task
 
-    from reterm.agent.cli import make_environment
+    from reterm.agent.environments import make_environment
 
     env = make_environment("local", Task(HELLO_TASK), tmp_path / "trial")
     assert env._network_policy.network_mode == NetworkMode.NO_NETWORK  # was PUBLIC: a false warning

@@ -123,6 +123,7 @@ def check_recipe_file(path: Path) -> str:
 def check_pipeline(path: Path) -> str:
     """Load the pipeline config and construct its endpoint policies (nothing is sent)."""
     from pipeline.config import load_config
+    from reterm.agent.environments import environment_kind
     from reterm.policies import load_policy
 
     cfg = load_config(path)
@@ -133,19 +134,12 @@ def check_pipeline(path: Path) -> str:
         if spec and spec.startswith("openai:"):
             load_policy(spec, **kwargs)
             built.append(f"{role} {spec} @ {kwargs.get('base_url')}")
-    _check_environment_type(cfg.rollout.environment.type)
+    environment_kind(cfg.rollout.environment.type)  # raises ValueError naming an unknown type
     return (
         f"{cfg.name}: tasks {cfg.tasks.path}:{cfg.tasks.split}, k={cfg.rollout.attempts}, N={cfg.recovery.attempts}, "
         f"environment {cfg.rollout.environment.type}"
         + (f"; endpoint policies built: {'; '.join(built)}" if built else "")
     )
-
-
-def _check_environment_type(kind: str) -> None:
-    from harbor.models.environment_type import EnvironmentType
-
-    if kind != "local" and ":" not in kind and kind not in {e.value for e in EnvironmentType}:
-        raise ValueError(f"environment type {kind!r} is not a Harbor environment type")
 
 
 def check_eval(path: Path) -> str:

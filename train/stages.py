@@ -96,7 +96,7 @@ def marker_path(run_dir: Path, stage: str) -> Path:
 
 
 _NUMBERS = ("wall_s", "last_attempt_wall_s", "peak_mem_mb", "max_process_rss_mb", "load_avg_mean",
-            "earlier_s", "earlier_peak_mb", "elapsed_s")  # fmt: skip
+            "earlier_s", "earlier_peak_mb", "elapsed_s", "earlier_attempts")  # fmt: skip
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -306,11 +306,10 @@ def run_stage(
     running = run_dir / "stages" / f"{stage}.running.json"
     earlier = {"earlier_s": 0.0, "earlier_peak_mb": 0.0, "earlier_attempts": 0}
     if running.exists() and not force:
-        prev = read_record(running) or {}
-        attempts = prev.get("earlier_attempts")
+        prev = read_record(running) or {}  # numbers only: read_record drops mistyped fields
         earlier = {"earlier_s": float(prev.get("earlier_s") or 0) + float(prev.get("elapsed_s") or 0),
                    "earlier_peak_mb": max(float(prev.get("earlier_peak_mb") or 0), float(prev.get("peak_mem_mb") or 0)),
-                   "earlier_attempts": (attempts if isinstance(attempts, int) else 0) + 1}  # fmt: skip
+                   "earlier_attempts": int(prev.get("earlier_attempts") or 0) + 1}  # fmt: skip
         print(f"    (resuming after {earlier['earlier_attempts']} interrupted attempt(s), "
               f"{fmt_duration(earlier['earlier_s'])} so far)", flush=True)  # fmt: skip
     log_path = run_dir / "logs" / f"{stage}.log"

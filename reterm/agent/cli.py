@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# make_environment lives in reterm.agent.environments (GRPO, tests and this CLI use it); kept importable here
-from reterm.agent.environments import LOCAL_ENVIRONMENT, environment_kind, make_environment  # noqa: F401
+from reterm.agent.environments import environment_kind, make_environment
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from reterm.training.outputs import save_figure_atomic, write_csv_atomic
+from reterm.training.outputs import save_figure_atomic, write_bytes_atomic, write_csv_atomic
 
 BASE_COLUMNS = ("step", "loss", "reward", "reward_std", "grad_norm", "entropy", "learning_rate",
                 "completions/mean_length", "frac_reward_zero_std")  # fmt: skip
@@ -95,6 +95,16 @@ def recovery_table(totals: dict[str, float]) -> str:
 
 
 ROLLOUT_FILES = "round-*-step-*-rank*.jsonl"  # what ReTermGRPOTrainer writes to output_dir/rollouts/
+
+
+def rollout_file_name(generation_round: int, step: int, rank: int) -> str:
+    """The rollouts file of one generation round of one process (matches :data:`ROLLOUT_FILES`)."""
+    return f"round-{generation_round:05d}-step-{step:05d}-rank{rank}.jsonl"
+
+
+def write_rollout_file(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write :func:`rollout_rows` as one JSON object per line, atomically; returns ``path``."""
+    return write_bytes_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
 
 
 def rollout_rows(results: list[Any], step: int, generation_round: int) -> list[dict[str, Any]]:

@@ -52,7 +52,7 @@ from trl import GRPOTrainer
 
 from reterm.training.failure_pool import FailurePool, PoolState, SnapshotCache, online_states_from_attempt
 from reterm.training.grpo_config import ReTermGRPOConfig
-from reterm.training.grpo_outputs import rollout_rows
+from reterm.training.grpo_outputs import rollout_file_name, rollout_rows, write_rollout_file
 from reterm.training.grpo_policy import GenerateFn, GenerationRequest, TokenTrajectoryPolicy
 from reterm.training.grpo_rollout import GroupRollout, RolloutEngine, RolloutSettings
 from reterm.trajectory import write_json_atomic
@@ -409,13 +409,8 @@ class ReTermGRPOTrainer(GRPOTrainer):
     def _save_rollouts(self, results: list[GroupRollout], step: int) -> None:
         folder = Path(self.args.output_dir) / "rollouts"
         folder.mkdir(parents=True, exist_ok=True)
-        rank = self.accelerator.process_index
-        path = folder / f"round-{self._generation_round:05d}-step-{step:05d}-rank{rank}.jsonl"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as fh:
-            for row in rollout_rows(results, step, self._generation_round):
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+        name = rollout_file_name(self._generation_round, step, self.accelerator.process_index)
+        write_rollout_file(folder / name, rollout_rows(results, step, self._generation_round))
 
     # ------------------------------------------------------------------------------- loss
     def _zero_gradient_batch(self, model: Any, inputs: dict[str, Any]) -> bool:

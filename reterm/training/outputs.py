@@ -52,7 +52,8 @@ PACKAGES = (
 )
 
 
-def _write_bytes_atomic(path: Path, data: bytes) -> Path:
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then rename; mode 0644)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "wb") as fh:
@@ -68,7 +69,7 @@ def write_csv_atomic(path: Path, fieldnames: list[str], rows: list[dict[str, Any
     writer = csv.DictWriter(buf, fieldnames=fieldnames)
     writer.writeheader()
     writer.writerows(rows)
-    return _write_bytes_atomic(path, buf.getvalue().encode())
+    return write_bytes_atomic(path, buf.getvalue().encode())
 
 
 def save_figure_atomic(fig: Any, path: Path, dpi: int = 100) -> Path:
@@ -78,7 +79,7 @@ def save_figure_atomic(fig: Any, path: Path, dpi: int = 100) -> Path:
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=dpi)
     plt.close(fig)
-    return _write_bytes_atomic(path, png.getvalue())
+    return write_bytes_atomic(path, png.getvalue())
 
 
 def curve_rows(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,7 +164,7 @@ def write_run_files(out_dir: str | Path, recipe_path: str | Path | None, argv: l
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if recipe_path is not None:
-        _write_bytes_atomic(out / "recipe.yaml", Path(recipe_path).read_bytes())
+        write_bytes_atomic(out / "recipe.yaml", Path(recipe_path).read_bytes())
     command = {"argv": list(sys.argv if argv is None else argv)}
     for name, obj in (("command.json", command), ("versions.json", package_versions())):
         os.chmod(write_json_atomic(out / name, obj), 0o644)
