@@ -187,6 +187,8 @@ def pythonpath_module(rng: random.Random) -> Drill:
         "Run `python3 {script}` so that it writes `{out}`. Its helper module `{mod}` is in `{libdir}`; "
         "do not move or copy any file.",
         "Make `{script}` write `{out}`. It imports `{mod}`, which lives in `{libdir}` (leave the files where they are).",
+        "Produce `{out}` by running the Python script `{script}`; the module `{mod}` it needs is in `{libdir}` "
+        "(do not copy it).",
     ], script=script, out=out, mod=mod, libdir=libdir)  # fmt: skip
     return Drill(
         family="pythonpath-module", category="missing_dependency", instruction=instruction,
@@ -345,11 +347,13 @@ def off_by_one(rng: random.Random) -> Drill:
     hidden_py = (f"import sys\nsys.path.insert(0, '/app')\nfrom {mod} import {fn}\n"
                  f"for n in {hidden}:\n    assert {fn}(n) == {answer}, n\n")  # fmt: skip
     instruction = _pick(rng, [
-        "`python3 {check}` fails: `/app/{mod}.py` has an off-by-one bug in one line. Fix that line so the "
-        "check passes (do not edit the check).",
-        "Fix the off-by-one error in `/app/{mod}.py` (a single line) so that `python3 {check}` prints OK. "
-        "Leave the check file as it is.",
-    ], check=check_path, mod=mod)  # fmt: skip
+        "`python3 {check}` fails: `{fn}` in `/app/{mod}.py` has an off-by-one bug in one line. Fix that line so "
+        "the check passes (do not edit the check).",
+        "Fix the off-by-one error in `{fn}` of `/app/{mod}.py` (a single line) so that `python3 {check}` prints "
+        "OK. Leave the check file as it is.",
+        "One line of `/app/{mod}.py` is off by one, so `python3 {check}` fails on `{fn}`. Correct that line "
+        "without touching the check.",
+    ], check=check_path, mod=mod, fn=fn)  # fmt: skip
     sed = f"sed -i 's/^{_sed_pattern(bad)}$/{_sed_replacement(good)}/' /app/{mod}.py"
     return Drill(
         family="off-by-one", category="faulty_implementation", instruction=instruction,
@@ -441,6 +445,7 @@ def sqlite_schema(rng: random.Random) -> Drill:
         "definitions are in `{base}_schema.sql`.",
         "Import `{base}_rows.sql` into a new SQLite database at `{db}` (the tables are defined in "
         "`{base}_schema.sql`).",
+        "Create the SQLite database `{db}` holding the data of `{base}_rows.sql`; the schema is in `{base}_schema.sql`.",
     ], base=base, db=db)  # fmt: skip
     want = f"{len(rows)}|{sum(v for _, _, v in rows)}"
     return Drill(
@@ -468,6 +473,7 @@ def stale_lock(rng: random.Random) -> Drill:
     instruction = _pick(rng, [
         "Run the job `/app/{job}.sh`; it writes `{out}`. No other run of this job is active.",
         "Execute `/app/{job}.sh` so that `{out}` gets written. Nothing else is running this job right now.",
+        "Get `{out}` written by running the job script `/app/{job}.sh` (no other run of it is active).",
     ], job=job, out=out)  # fmt: skip
     return Drill(
         family="stale-lock", category="wrong_state", instruction=instruction,
@@ -501,6 +507,7 @@ def follow_flag(rng: random.Random) -> Drill:
     instruction = _pick(rng, [
         "Count the {level} lines of `{log}` into `{out}` with `python3 /app/{tool}.py {log} {out}`.",
         "Use the tool `/app/{tool}.py` (arguments: LOG OUT) to write the number of {level} lines in `{log}` to `{out}`.",
+        "Write how many {level} lines `{log}` has into `{out}`, using `/app/{tool}.py LOG OUT` (Python).",
     ], level=level, log=log, out=out, tool=tool)  # fmt: skip
     return Drill(
         family="follow-flag", category="timeout_hang", instruction=instruction,
