@@ -163,3 +163,11 @@ def test_check_reports_a_broken_drill(tmp_path):
     assert any("oracle reward 0.0" in p for p in results["mkdir-parent"].problems_found())
     assert any("lacks mistake_signal" in p for p in results["wc-number"].problems_found())
     shutil.rmtree(tmp_path)
+
+
+def test_docs_list_every_family():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "DRILLS.md").read_text()
+    for name, fam in FAMILIES.items():
+        assert f"| {name} | {fam.category.value} |" in text, name
+    for name in DEFAULT_OOD_FAMILIES:
+        assert f"`{name}`" in text
