@@ -133,7 +133,8 @@ def test_cli_writes_folders_and_table(tmp_path, capsys):
 
 
 def test_every_family_sound_in_the_local_sandbox(tmp_path):
-    """One instance per family: oracle 1.0, null 0.0; the first mistake prints its error and leaves reward 0."""
+    """One instance per family: oracle 1.0, null 0.0; the first mistake prints its error, leaves reward 0 and is
+    labelled with the family's category."""
     from reterm.sandbox.preflight import missing_tools
 
     if missing := missing_tools():
@@ -146,6 +147,8 @@ def test_every_family_sound_in_the_local_sandbox(tmp_path):
         assert r.mistake_output.strip() and r.signal_seen, (r.name, r.mistake_output)
         assert r.mistake_timed_out == (r.family == "follow-flag"), r.name
         assert r.ok
+        # the kit's rule classifier gives the mistake the family's category (exit 0 -> none: premature completion)
+        assert r.label_agrees, (r.name, r.category, r.mistake_label, r.mistake_output)
     assert {r.family for r in results} == set(FAMILIES)
 
 

@@ -11,6 +11,11 @@ logging set-up cost more than a drill itself):
   family with ``mistake_timeout_sec`` (a hang) must still be running when that time is up, every other
   family's mistake must return on its own.
 
+The mistake's step is also labelled by the kit's rule classifier (:func:`reterm.recovery.classify_step`)
+into ``mistake_label``; ``label_agrees`` says whether that is the family's category (``none`` for the
+``premature_completion`` families, whose mistake exits 0 and fails only when the task is declared done).
+It is reported, not required: the classifier is shared code that may change.
+
 The verifier runs as Harbor's does: ``tests/`` uploaded to ``/tests``, ``bash /tests/test.sh``, the
 reward read from ``/logs/verifier/reward.txt``. A sandbox that fails to build or start, or a verifier
 that writes no reward, is an infrastructure fault: reported in ``error``, never as a reward.
@@ -47,9 +52,17 @@ class DrillCheck:
     mistake_timed_out: bool = False
     expect_hang: bool = False
     signal_seen: bool = False
+    mistake_exit: int | None = None
+    mistake_label: str | None = None
     error: str | None = None
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def label_agrees(self) -> bool:
+        """The rule classifier labels the first mistake as the family's category (see the module doc)."""
+        want = "none" if self.category == "premature_completion" else self.category
+        return self.mistake_label == want
 
     @property
     def ok(self) -> bool:
@@ -92,6 +105,7 @@ async def _verify(env, task_dir: Path) -> float:
 async def check_drill(task_dir: Path | str) -> DrillCheck:
     """Check one drill folder in three fresh local sandboxes (see the module doc). Never raises for a bad
     drill: problems are in the result."""
+    from reterm.recovery.classify import StepRecord, classify_step
     from reterm.sandbox.box import ExecTimeoutError
     from reterm.sandbox.local import LocalEnvironment
 
@@ -127,11 +141,15 @@ async def check_drill(task_dir: Path | str) -> DrillCheck:
             try:
                 r = await env.exec(mistake, timeout_sec=float(hang_s) if hang_s else MISTAKE_TIMEOUT_SEC)
                 output = (r.stdout or "") + (r.stderr or "")
+                result.mistake_exit = r.return_code
             except ExecTimeoutError as exc:
                 result.mistake_timed_out = True
                 output = (exc.stdout or "") + (exc.stderr or "")
             result.mistake_output = output
             result.signal_seen = bool(signal) and signal in output
+            label = classify_step(StepRecord(command=mistake, output=output, exit_status=result.mistake_exit,
+                                             timed_out=result.mistake_timed_out))  # fmt: skip
+            result.mistake_label = label.label.value
             result.mistake_reward = await _verify(env, task_dir)
 
     try:
@@ -173,6 +191,8 @@ def checks_json(results: list[DrillCheck], wall_s: float) -> dict:
     """JSON-ready report: per instance, its fields, ``ok`` and ``problems``; the totals and instances/s."""
     return {
         "n": len(results), "n_ok": sum(r.ok for r in results), "wall_s": wall_s,
+        "n_label_agrees": sum(r.label_agrees for r in results),
         "instances_per_s": len(results) / wall_s if wall_s > 0 else None,
-        "drills": [{**asdict(r), "ok": r.ok, "problems": r.problems_found()} for r in results],
+        "drills": [{**asdict(r), "ok": r.ok, "label_agrees": r.label_agrees, "problems": r.problems_found()}
+                   for r in results],
     }  # fmt: skip

@@ -1,7 +1,10 @@
 """The drill families: each function takes a ``random.Random`` and returns one :class:`Drill`.
 
 Every family drills one recovery pattern: a natural first mistake that fails with a clear message
-(``first_mistake``, whose output contains ``mistake_signal``) and a fix of 1 to 4 commands. Names,
+(``first_mistake``, whose output contains ``mistake_signal``) and a fix of 1 to 4 commands. The
+``premature_completion`` families' mistakes exit 0 with a visibly wrong result (the failure shows when
+the task is declared done), as :mod:`reterm.recovery.localise` labels such trajectories. Each family's
+category is the one the kit's rule classifier gives its mistake (git's own errors are ``path_permission``). Names,
 paths, values and the instruction's wording come from the random generator, so one instance's
 answer does not solve another. All text is plain ASCII without quotes that a shell would need to
 escape; the verifier's expected values are computed here and written into ``tests/test.sh`` (the
@@ -115,6 +118,38 @@ def cwd_relative(rng: random.Random) -> Drill:
     )  # fmt: skip
 
 
+def git_identity(rng: random.Random) -> Drill:
+    """Commit in a repository on a machine without a git identity (fix: ``git -c user.name=.. -c user.email=..``).
+
+    Git's own errors are ``path_permission`` in :mod:`reterm.recovery.taxonomy`."""
+    repo = f"{rng.choice(['/srv', '/root', '/opt'])}/{_w(rng)}"
+    fname = f"{rng.choice(NOUNS)}.{rng.choice(['md', 'txt', 'cfg'])}"
+    msg = f"{rng.choice(['Add', 'Record', 'Track'])} {fname.split('.')[0]} {_tok(rng, 4)}"
+    first = rng.choice(["Ada", "Bo", "Cy", "Dana", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kim"])
+    who = f"{first} {rng.choice(['Lund', 'Moss', 'Nash', 'Ortiz', 'Park', 'Quinn', 'Reyes', 'Stone'])}"
+    email = f"{first.lower()}@{rng.choice(WORDS)}.example"
+    instruction = _pick(rng, [
+        "In the git repository `{repo}`, commit the file `{fname}` with the message `{msg}`, as {who} <{email}>.",
+        "Commit `{repo}/{fname}` (author {who}, {email}) with the commit message `{msg}`.",
+        "Record the new file `{fname}` of the repository `{repo}` in a commit with message `{msg}`; the author is "
+        "{who} <{email}>.",
+    ], repo=repo, fname=fname, msg=msg, who=who, email=email)  # fmt: skip
+    g = f"git -C {repo}"
+    return Drill(
+        family="git-identity", category="path_permission", instruction=instruction,
+        files={f"{repo}/{fname}": EnvFile(f"{_w(rng, 3, ' ')}\n")},
+        run=[f"git init -q {repo} && git -C {repo} -c user.name=Setup -c user.email=setup@example.invalid "
+             "commit -q --allow-empty -m 'Initial commit'"],
+        checks=[Check(f'[ "$({g} log -1 --format=%s 2>/dev/null)" = "{msg}" ]', f"the last commit's message is not {msg}"),
+                Check(f'[ "$({g} log -1 --format=%ae 2>/dev/null)" = "{email}" ]', f"the last commit's author is not {email}"),
+                Check(f"{g} cat-file -e HEAD:{fname} 2>/dev/null", f"{fname} is not in the last commit")],
+        solution=[f"cd {repo}", f"git add {fname}",
+                  f"git -c user.name='{who}' -c user.email={email} commit -m '{msg}'"],
+        first_mistake=f"cd {repo} && git add {fname} && git commit -m '{msg}'",
+        mistake_signal="identity unknown", tags=["git"], topic="version-control",
+    )  # fmt: skip
+
+
 # -------------------------------------------------------------------------- missing_dependency
 def _wheel(dist: str, version: str, files: dict[str, str]) -> bytes:
     """A minimal pure-Python wheel (PEP 427) with a fixed timestamp, so the same input gives the same bytes."""
@@ -222,77 +257,68 @@ def python_alias(rng: random.Random) -> Drill:
 
 
 # ------------------------------------------------------------------------------ wrong_command
-def _tar_gz(members: dict[str, tuple[str, int]], top: str) -> bytes:
-    """A .tar.gz with the given files (relative path -> (text, mode)) under the folder ``top``; fixed mtimes."""
+def _tar(members: dict[str, tuple[str, int]], top: str | None, compression: str) -> bytes:
+    """A tar archive (``gz``, ``bz2`` or ``xz``) of the given files (relative path -> (text, mode)), under the
+    folder ``top`` when given; fixed mtimes, so the same input gives the same bytes."""
+    import bz2
+    import gzip
+    import lzma
+
     raw = io.BytesIO()
+    prefix = f"{top}/" if top else ""
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tf:
         dirs = sorted({"/".join(p.split("/")[:i]) for p in members for i in range(1, p.count("/") + 1)})
-        for d in ["", *dirs]:
-            ti = tarfile.TarInfo(f"{top}/{d}".rstrip("/"))
+        for d in ([""] if top else []) + dirs:
+            ti = tarfile.TarInfo(f"{prefix}{d}".rstrip("/"))
             ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 1700000000
             tf.addfile(ti)
         for path, (text, mode) in sorted(members.items()):
             data = text.encode()
-            ti = tarfile.TarInfo(f"{top}/{path}")
+            ti = tarfile.TarInfo(f"{prefix}{path}")
             ti.size, ti.mode, ti.mtime = len(data), mode, 1700000000
             tf.addfile(ti, io.BytesIO(data))
-    import gzip
+    data = raw.getvalue()
+    if compression == "gz":
+        return gzip.compress(data, mtime=0)
+    if compression == "bz2":
+        return bz2.compress(data)
+    return lzma.compress(data, format=lzma.FORMAT_XZ)
 
-    return gzip.compress(raw.getvalue(), mtime=0)
+
+def _zip(members: dict[str, tuple[str, int]]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, (text, mode) in sorted(members.items()):
+            zi = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            zi.external_attr = mode << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(zi, text)
+    return buf.getvalue()
 
 
-def strip_components(rng: random.Random) -> Drill:
-    """Unpack an archive whose files sit under a top-level folder into a target (fix: ``--strip-components=1``)."""
+def tar_format(rng: random.Random) -> Drill:
+    """Unpack an archive with the habitual ``tar -xzf`` although it is not gzip (fix: the right flag or tool)."""
     name = rng.choice(WORDS)
-    ver = f"{rng.randint(0, 5)}.{rng.randint(0, 20)}.{rng.randint(0, 9)}"
-    top = f"{name}-{ver}"
-    archive = f"{rng.choice(['/data', '/srv/dist', '/opt/downloads'])}/{top}.tar.gz"
-    dest = f"{rng.choice(['/opt', '/srv', '/usr/local/apps'])}/{name}"
-    conf = f"{rng.choice(['port', 'workers', 'level'])}={rng.randint(1, 9000)}"
-    members = {f"bin/{name}": (f"#!/bin/sh\necho {name} {ver}\n", 0o755),
-               f"etc/{name}.conf": (conf + "\n", 0o644), "README": (f"{name} {ver}\n", 0o644)}
+    kind = rng.choice(["xz", "bz2", "zip"])
+    ext = {"xz": "tar.xz", "bz2": "tar.bz2", "zip": "zip"}[kind]
+    archive = f"{rng.choice(['/data', '/srv/incoming', '/opt/downloads'])}/{name}-{rng.choice(NOUNS)}.{ext}"
+    dest = f"{rng.choice(['/srv', '/opt', '/root'])}/{name}-{_tok(rng, 4)}"
+    members = {f"{rng.choice(NOUNS)}.txt": (f"{_w(rng)} {rng.randint(1, 9999)}\n", 0o644),
+               f"conf/{rng.choice(['main', 'site', 'app'])}.ini": (f"key={_tok(rng)}\n", 0o644)}
+    data = _zip(members) if kind == "zip" else _tar(members, None, kind)
     instruction = _pick(rng, [
-        "Unpack `{archive}` into `{dest}` so that the files land directly in it: `{dest}/bin/{name}` must "
-        "exist, with no `{top}` folder in between.",
-        "Install the release `{archive}` into `{dest}`: the result must be `{dest}/bin/{name}` and "
-        "`{dest}/etc/{name}.conf` (not `{dest}/{top}/...`).",
-        "Extract `{archive}` into the existing folder `{dest}`, dropping the archive's top-level folder "
-        "(`{dest}/bin/{name}`, not `{dest}/{top}/bin/{name}`).",
-    ], archive=archive, dest=dest, name=name, top=top)  # fmt: skip
+        "Unpack the archive `{archive}` into `{dest}` (create the folder).",
+        "Extract everything in `{archive}` into the new folder `{dest}`.",
+        "Put the contents of `{archive}` into `{dest}`; the folder does not exist yet.",
+    ], archive=archive, dest=dest)  # fmt: skip
+    fix = f"unzip -q {archive} -d {dest}" if kind == "zip" else f"tar -xf {archive} -C {dest}"
+    mistake, signal = (f"mkdir -p {dest} && tar -xzf {archive} -C {dest}",
+                       "This does not look like a tar archive" if kind == "zip" else "not in gzip format")
     return Drill(
-        family="strip-components", category="wrong_command", instruction=instruction,
-        files={archive: EnvFile(_tar_gz(members, top))}, run=[f"mkdir -p {dest}"],
-        checks=[Check(f'[ -x {dest}/bin/{name} ] && [ "$({dest}/bin/{name})" = "{name} {ver}" ]',
-                      f"{dest}/bin/{name} is missing, not executable or wrong"),
-                _content_is(f"{dest}/etc/{name}.conf", conf),
-                Check(f"[ ! -e {dest}/{top} ]", f"{dest}/{top} exists (the top-level folder was not dropped)")],
-        solution=[f"tar -xzf {archive} -C {dest} --strip-components=1"],
-        first_mistake=f"tar -xzvf {archive} -C {dest}", mistake_signal=f"{top}/bin/{name}",
-        tags=["tar", "archives"],
-    )  # fmt: skip
-
-
-def sort_numeric(rng: random.Random) -> Drill:
-    """Sort numbers with plain ``sort``, which orders them as text (fix: ``sort -n``)."""
-    nums = rng.sample(range(1, 10), 3) + rng.sample(range(10, 100), 3) + rng.sample(range(100, 20000), rng.randint(4, 9))
-    nums.append(rng.choice([10, 100, 1000]) + rng.randint(0, 9))
-    nums = list(dict.fromkeys(nums))
-    rng.shuffle(nums)
-    src = f"{rng.choice(['/data', '/srv/stats', '/root'])}/{rng.choice(['sizes', 'counts', 'scores', 'durations'])}.txt"
-    out = f"{rng.choice(['/app', '/root', '/srv/out'])}/{rng.choice(['sorted', 'ordered', 'ranked'])}-{_tok(rng, 4)}.txt"
-    want = "\n".join(str(n) for n in sorted(nums))
-    instruction = _pick(rng, [
-        "Sort the numbers in `{src}` from smallest to largest (numeric order) and write them to `{out}`, one per line.",
-        "Write the numbers of `{src}` to `{out}` in ascending numeric order, one per line.",
-        "`{src}` holds one number per line. Put them into `{out}` sorted by value, smallest first.",
-    ], src=src, out=out)  # fmt: skip
-    return Drill(
-        family="sort-numeric", category="wrong_command", instruction=instruction,
-        files={src: EnvFile("\n".join(map(str, nums)) + "\n"), "/app/.keep": EnvFile(""), "/srv/out/.keep": EnvFile("")},
-        checks=[Check(f"diff -q {out} - >/dev/null 2>&1 <<'EXPECTED'\n{want}\nEXPECTED", f"{out} is not in numeric order")],
-        solution=[f"sort -n {src} > {out}"],
-        first_mistake=f"sort {src} > {out} && head -n 6 {out}", mistake_signal=str(min(nums, key=str)),
-        tags=["sort", "text-processing"], topic="data-processing",
+        family="tar-format", category="wrong_command", instruction=instruction, files={archive: EnvFile(data)},
+        checks=[_content_is(f"{dest}/{p}", t.strip()) for p, (t, _) in members.items()],
+        solution=[f"mkdir -p {dest}", fix], first_mistake=mistake, mistake_signal=signal,
+        tags=["tar", "archives", kind],
     )  # fmt: skip
 
 
@@ -378,36 +404,6 @@ def _sed_replacement(text: str) -> str:
 
 
 # -------------------------------------------------------------------------------- wrong_state
-def git_identity(rng: random.Random) -> Drill:
-    """Commit in a repository on a machine without a git identity (fix: ``git -c user.name=.. -c user.email=..``)."""
-    repo = f"{rng.choice(['/srv', '/root', '/opt'])}/{_w(rng)}"
-    fname = f"{rng.choice(NOUNS)}.{rng.choice(['md', 'txt', 'cfg'])}"
-    msg = f"{rng.choice(['Add', 'Record', 'Track'])} {fname.split('.')[0]} {_tok(rng, 4)}"
-    first = rng.choice(["Ada", "Bo", "Cy", "Dana", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kim"])
-    who = f"{first} {rng.choice(['Lund', 'Moss', 'Nash', 'Ortiz', 'Park', 'Quinn', 'Reyes', 'Stone'])}"
-    email = f"{first.lower()}@{rng.choice(WORDS)}.example"
-    instruction = _pick(rng, [
-        "In the git repository `{repo}`, commit the file `{fname}` with the message `{msg}`, as {who} <{email}>.",
-        "Commit `{repo}/{fname}` (author {who}, {email}) with the commit message `{msg}`.",
-        "Record the new file `{fname}` of the repository `{repo}` in a commit with message `{msg}`; the author is "
-        "{who} <{email}>.",
-    ], repo=repo, fname=fname, msg=msg, who=who, email=email)  # fmt: skip
-    g = f"git -C {repo}"
-    return Drill(
-        family="git-identity", category="wrong_state", instruction=instruction,
-        files={f"{repo}/{fname}": EnvFile(f"{_w(rng, 3, ' ')}\n")},
-        run=[f"git init -q {repo} && git -C {repo} -c user.name=Setup -c user.email=setup@example.invalid "
-             "commit -q --allow-empty -m 'Initial commit'"],
-        checks=[Check(f'[ "$({g} log -1 --format=%s 2>/dev/null)" = "{msg}" ]', f"the last commit's message is not {msg}"),
-                Check(f'[ "$({g} log -1 --format=%ae 2>/dev/null)" = "{email}" ]', f"the last commit's author is not {email}"),
-                Check(f"{g} cat-file -e HEAD:{fname} 2>/dev/null", f"{fname} is not in the last commit")],
-        solution=[f"cd {repo}", f"git add {fname}",
-                  f"git -c user.name='{who}' -c user.email={email} commit -m '{msg}'"],
-        first_mistake=f"cd {repo} && git add {fname} && git commit -m '{msg}'",
-        mistake_signal="identity unknown", tags=["git"], topic="version-control",
-    )  # fmt: skip
-
-
 def env_var(rng: random.Random) -> Drill:
     """A program needs an environment variable that is not set; its error names it (fix: ``VAR=value cmd``)."""
     tool = f"{rng.choice(TOOLS)}_{rng.choice(NOUNS)}"
@@ -415,7 +411,7 @@ def env_var(rng: random.Random) -> Drill:
     target = f"{rng.choice(['/srv', '/root', '/var/local'])}/{_w(rng)}"
     fname, token = f"{rng.choice(NOUNS)}.txt", _tok(rng, 8)
     code = (f"import os\nimport sys\n\ntarget = os.environ.get('{var}')\nif not target:\n"
-            f"    sys.exit('{tool}: {var} is not set; set it to the folder to write {fname} into')\n"
+            f"    sys.exit('{tool}: error: output folder not configured: {var} is not set (the folder to write {fname} into)')\n"
             f"os.makedirs(target, exist_ok=True)\nwith open(os.path.join(target, '{fname}'), 'w') as fh:\n"
             f"    fh.write('{token}\\n')\nprint('{tool}: wrote', os.path.join(target, '{fname}'))\n")  # fmt: skip
     instruction = _pick(rng, [
@@ -463,11 +459,11 @@ def sqlite_schema(rng: random.Random) -> Drill:
 def stale_lock(rng: random.Random) -> Drill:
     """A job refuses to start because of a lock file left by a run that is gone (fix: remove the lock)."""
     job = f"{rng.choice(['nightly', 'hourly', 'rotate', 'cleanup', 'backup'])}-{rng.choice(WORDS)}"
-    lock = f"{rng.choice(['/var/tmp', '/srv/locks', '/var/lib/jobs', '/opt/run'])}/{job}.lock"
+    lock = f"{rng.choice(['/var/tmp', '/srv/locks', '/var/lib/jobs', '/opt/run'])}/{job}.{rng.choice(['pid', 'lock'])}"
     out = f"/srv/{job}/{rng.choice(NOUNS)}.txt"
     token = _tok(rng, 8)
     body = (f"#!/bin/bash\nlock={lock}\nif [ -e \"$lock\" ]; then\n"
-            f"  echo \"{job}: lock $lock exists (pid $(cat $lock)); remove it if no other {job} run is active\" >&2\n"
+            f"  echo \"{job}: pid file $lock exists (pid $(cat $lock)); remove it if no other {job} run is active\" >&2\n"
             f"  exit 1\nfi\necho $$ > \"$lock\"\nmkdir -p /srv/{job}\necho {token} > {out}\nrm -f \"$lock\"\n"
             f"echo \"{job}: done\"\n")  # fmt: skip
     instruction = _pick(rng, [
@@ -520,6 +516,61 @@ def follow_flag(rng: random.Random) -> Drill:
 
 
 # ------------------------------------------------------------------------ premature_completion
+def strip_components(rng: random.Random) -> Drill:
+    """Unpack an archive whose files sit under a top-level folder into a target (fix: ``--strip-components=1``)."""
+    name = rng.choice(WORDS)
+    ver = f"{rng.randint(0, 5)}.{rng.randint(0, 20)}.{rng.randint(0, 9)}"
+    top = f"{name}-{ver}"
+    archive = f"{rng.choice(['/data', '/srv/dist', '/opt/downloads'])}/{top}.tar.gz"
+    dest = f"{rng.choice(['/opt', '/srv', '/usr/local/apps'])}/{name}"
+    conf = f"{rng.choice(['port', 'workers', 'level'])}={rng.randint(1, 9000)}"
+    members = {f"bin/{name}": (f"#!/bin/sh\necho {name} {ver}\n", 0o755),
+               f"etc/{name}.conf": (conf + "\n", 0o644), "README": (f"{name} {ver}\n", 0o644)}
+    instruction = _pick(rng, [
+        "Unpack `{archive}` into `{dest}` so that the files land directly in it: `{dest}/bin/{name}` must "
+        "exist, with no `{top}` folder in between.",
+        "Install the release `{archive}` into `{dest}`: the result must be `{dest}/bin/{name}` and "
+        "`{dest}/etc/{name}.conf` (not `{dest}/{top}/...`).",
+        "Extract `{archive}` into the existing folder `{dest}`, dropping the archive's top-level folder "
+        "(`{dest}/bin/{name}`, not `{dest}/{top}/bin/{name}`).",
+    ], archive=archive, dest=dest, name=name, top=top)  # fmt: skip
+    return Drill(
+        family="strip-components", category="premature_completion", instruction=instruction,
+        files={archive: EnvFile(_tar(members, top, "gz"))}, run=[f"mkdir -p {dest}"],
+        checks=[Check(f'[ -x {dest}/bin/{name} ] && [ "$({dest}/bin/{name})" = "{name} {ver}" ]',
+                      f"{dest}/bin/{name} is missing, not executable or wrong"),
+                _content_is(f"{dest}/etc/{name}.conf", conf),
+                Check(f"[ ! -e {dest}/{top} ]", f"{dest}/{top} exists (the top-level folder was not dropped)")],
+        solution=[f"tar -xzf {archive} -C {dest} --strip-components=1"],
+        first_mistake=f"tar -xzvf {archive} -C {dest}", mistake_signal=f"{top}/bin/{name}",
+        tags=["tar", "archives"],
+    )  # fmt: skip
+
+
+def sort_numeric(rng: random.Random) -> Drill:
+    """Sort numbers with plain ``sort``, which orders them as text (fix: ``sort -n``)."""
+    nums = rng.sample(range(1, 10), 3) + rng.sample(range(10, 100), 3) + rng.sample(range(100, 20000), rng.randint(4, 9))
+    nums.append(rng.choice([10, 100, 1000]) + rng.randint(0, 9))
+    nums = list(dict.fromkeys(nums))
+    rng.shuffle(nums)
+    src = f"{rng.choice(['/data', '/srv/stats', '/root'])}/{rng.choice(['sizes', 'counts', 'scores', 'durations'])}.txt"
+    out = f"{rng.choice(['/app', '/root', '/srv/out'])}/{rng.choice(['sorted', 'ordered', 'ranked'])}-{_tok(rng, 4)}.txt"
+    want = "\n".join(str(n) for n in sorted(nums))
+    instruction = _pick(rng, [
+        "Sort the numbers in `{src}` from smallest to largest (numeric order) and write them to `{out}`, one per line.",
+        "Write the numbers of `{src}` to `{out}` in ascending numeric order, one per line.",
+        "`{src}` holds one number per line. Put them into `{out}` sorted by value, smallest first.",
+    ], src=src, out=out)  # fmt: skip
+    return Drill(
+        family="sort-numeric", category="premature_completion", instruction=instruction,
+        files={src: EnvFile("\n".join(map(str, nums)) + "\n"), "/app/.keep": EnvFile(""), "/srv/out/.keep": EnvFile("")},
+        checks=[Check(f"diff -q {out} - >/dev/null 2>&1 <<'EXPECTED'\n{want}\nEXPECTED", f"{out} is not in numeric order")],
+        solution=[f"sort -n {src} > {out}"],
+        first_mistake=f"sort {src} > {out} && head -n 6 {out}", mistake_signal=str(min(nums, key=str)),
+        tags=["sort", "text-processing"], topic="data-processing",
+    )  # fmt: skip
+
+
 def wc_number(rng: random.Random) -> Drill:
     """"Write only the number": ``wc -l FILE`` also prints the file name (fix: ``wc -l < FILE``)."""
     src = f"{rng.choice(['/data', '/var/log', '/srv/in'])}/{rng.choice(WORDS)}.{rng.choice(['log', 'txt', 'csv'])}"
@@ -546,18 +597,20 @@ FAMILIES: dict[str, Family] = {
         Family("mkdir-parent", Category.PATH_PERMISSION, mkdir_parent, "write a file under a folder that does not exist"),
         Family("exec-bit", Category.PATH_PERMISSION, exec_bit, "run a script without its execute bit"),
         Family("cwd-relative", Category.PATH_PERMISSION, cwd_relative, "a program that reads a file relative to its folder"),
+        Family("git-identity", Category.PATH_PERMISSION, git_identity, "commit without a git identity"),
         Family("local-wheel", Category.MISSING_DEPENDENCY, local_wheel, "a package only in a local wheel folder"),
         Family("pythonpath-module", Category.MISSING_DEPENDENCY, pythonpath_module, "a module in a folder off sys.path"),
         Family("python-alias", Category.MISSING_DEPENDENCY, python_alias, "`python` is not installed, `python3` is"),
-        Family("strip-components", Category.WRONG_COMMAND, strip_components, "unpack an archive without its top folder"),
-        Family("sort-numeric", Category.WRONG_COMMAND, sort_numeric, "`sort` orders numbers as text"),
+        Family("tar-format", Category.WRONG_COMMAND, tar_format, "unpack an archive with the wrong format flag"),
         Family("copy-dir", Category.WRONG_COMMAND, copy_dir, "`cp` a folder without `-r`"),
         Family("off-by-one", Category.FAULTY_IMPLEMENTATION, off_by_one, "a one-line off-by-one a check catches"),
-        Family("git-identity", Category.WRONG_STATE, git_identity, "commit without a git identity"),
         Family("env-var", Category.WRONG_STATE, env_var, "a program needs an unset environment variable"),
         Family("sqlite-schema", Category.WRONG_STATE, sqlite_schema, "insert rows before the tables exist"),
-        Family("stale-lock", Category.WRONG_STATE, stale_lock, "a lock file left by a run that is gone"),
+        Family("stale-lock", Category.WRONG_STATE, stale_lock, "a pid/lock file left by a run that is gone"),
         Family("follow-flag", Category.TIMEOUT_HANG, follow_flag, "a tool that follows its input unless given a flag"),
+        Family("strip-components", Category.PREMATURE_COMPLETION, strip_components,
+               "unpack an archive without its top folder (the wrong layout shows no error)"),
+        Family("sort-numeric", Category.PREMATURE_COMPLETION, sort_numeric, "`sort` orders numbers as text (no error)"),
         Family("wc-number", Category.PREMATURE_COMPLETION, wc_number, "`wc -l FILE` prints the name too; write only the number"),
     ]
 }

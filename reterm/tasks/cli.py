@@ -106,6 +106,9 @@ def _drills(args: argparse.Namespace) -> int:
     print(f"check: {report['n_ok']}/{len(results)} drills sound (oracle 1.0, null 0.0, first mistake 0.0 with its "
           f"error shown) in {wall:.1f} s: {report['instances_per_s']:.2f} instances/s "
           f"({Path(args.out) / 'drills-check.json'})")  # fmt: skip
+    disagree = sorted({(r.family, r.category, r.mistake_label) for r in results if r.ok and not r.label_agrees})
+    print(f"the rule classifier labels {report['n_label_agrees']}/{len(results)} first mistakes as their family's category"
+          + "".join(f"; {f}: {lab} (family: {c})" for f, c, lab in disagree))  # fmt: skip
     for r in bad:
         print(f"FAILED {r.name} (family {r.family}, seed {r.seed}, index {r.index}): {'; '.join(r.problems_found())}")
     return 1 if bad else 0
