@@ -297,7 +297,8 @@ def _zip(members: dict[str, tuple[str, int]]) -> bytes:
 
 
 def tar_format(rng: random.Random) -> Drill:
-    """Unpack an archive with the habitual ``tar -xzf`` although it is not gzip (fix: the right flag or tool)."""
+    """Unpack an archive with the wrong tool or flag: ``tar -xzf`` on an xz or bzip2 tarball, ``tar`` on a
+    zip file (fix: ``tar -xf``, which detects the compression, or ``unzip``)."""
     name = rng.choice(WORDS)
     kind = rng.choice(["xz", "bz2", "zip"])
     ext = {"xz": "tar.xz", "bz2": "tar.bz2", "zip": "zip"}[kind]
@@ -312,8 +313,10 @@ def tar_format(rng: random.Random) -> Drill:
         "Put the contents of `{archive}` into `{dest}`; the folder does not exist yet.",
     ], archive=archive, dest=dest)  # fmt: skip
     fix = f"unzip -q {archive} -d {dest}" if kind == "zip" else f"tar -xf {archive} -C {dest}"
-    mistake, signal = (f"mkdir -p {dest} && tar -xzf {archive} -C {dest}",
-                       "This does not look like a tar archive" if kind == "zip" else "not in gzip format")
+    if kind == "zip":  # tar on a zip file (gzip would unpack a one-file zip, so not tar -xzf)
+        mistake, signal = f"mkdir -p {dest} && tar -xf {archive} -C {dest}", "This does not look like a tar archive"
+    else:  # the habitual -z on an xz or bzip2 tarball
+        mistake, signal = f"mkdir -p {dest} && tar -xzf {archive} -C {dest}", "not in gzip format"
     return Drill(
         family="tar-format", category="wrong_command", instruction=instruction, files={archive: EnvFile(data)},
         checks=[_content_is(f"{dest}/{p}", t.strip()) for p, (t, _) in members.items()],
