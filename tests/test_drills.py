@@ -174,3 +174,42 @@ def test_docs_list_every_family():
         assert f"| {name} | {fam.category.value} |" in text, name
     for name in DEFAULT_OOD_FAMILIES:
         assert f"`{name}`" in text
+
+
+@pytest.mark.slow
+def test_harness_replays_solution_and_localises_the_first_mistake(tmp_path):
+    """Through the kit's harness (tmux terminal, scripted policy, verifier): the solution's steps succeed, and the
+    injected first mistake fails and is localised with the family's category."""
+    import asyncio
+
+    from reterm.agent.episode import EpisodeSpec, run_episodes
+    from reterm.policies.scripted import ScriptedPolicy
+    from reterm.recovery import localise
+    from reterm.sandbox.local import LocalEnvironment
+    from reterm.trajectory import Outcome
+
+    async def episode(task_dir, commands, timeout):
+        env = LocalEnvironment.for_task(task_dir)
+        await env.start(force_build=False)
+        try:
+            (traj,) = await run_episodes(ScriptedPolicy(commands, timeout=timeout, name="drill"),
+                                         [EpisodeSpec(env, task_dir)], max_turns=len(commands) + 1,
+                                         command_timeout_s=timeout, verify=True)  # fmt: skip
+        finally:
+            await env.stop(delete=True)
+        return traj
+
+    async def main():
+        out = {}
+        for inst in generate_drills(tmp_path, 13, 1):
+            meta = tomllib.loads((inst.path / "task.toml").read_text())["metadata"]
+            good = await episode(inst.path, solution_steps(inst.path), 20)
+            bad = await episode(inst.path, [meta["first_mistake"]], meta.get("mistake_timeout_sec", 20))
+            out[inst.family] = (good, bad, inst.category)
+        return out
+
+    for family, (good, bad, category) in asyncio.run(main()).items():
+        assert good.outcome == Outcome.SUCCESS, (family, good.outcome, [s.observation for s in good.steps])
+        assert bad.outcome == Outcome.FAILURE, (family, bad.outcome)
+        primary = localise(bad).primary
+        assert primary is not None and primary.category == category, (family, primary, bad.steps[0].observation)

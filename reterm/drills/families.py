@@ -3,13 +3,14 @@
 Every family drills one recovery pattern: a natural first mistake that fails with a clear message
 (``first_mistake``, whose output contains ``mistake_signal``) and a fix of 1 to 4 commands. The
 ``premature_completion`` families' mistakes exit 0 with a visibly wrong result (the failure shows when
-the task is declared done), as :mod:`reterm.recovery.localise` labels such trajectories. Each family's
-category is the one the kit's rule classifier gives its mistake (git's own errors are ``path_permission``). Names,
-paths, values and the instruction's wording come from the random generator, so one instance's
+the task is declared done, as :mod:`reterm.recovery.localise` labels such trajectories). Each family's
+category is the label the kit's rule classifier gives its mistake (git's own errors are
+``path_permission`` in the taxonomy).
+
+Names, paths, values and the instruction's wording come from the random generator, so one instance's
 answer does not solve another. All text is plain ASCII without quotes that a shell would need to
 escape; the verifier's expected values are computed here and written into ``tests/test.sh`` (the
-agent never sees them).
-"""
+agent never sees them)."""
 
 from __future__ import annotations
 
