@@ -217,7 +217,7 @@ def pythonpath_module(rng: random.Random) -> Drill:
     """A script imports a module from a folder that is not on Python's path (fix: ``PYTHONPATH=``)."""
     mod, fn, src, arg, want = _helper_module(rng)
     libdir = f"{rng.choice(['/opt', '/srv', '/usr/local/share'])}/{_w(rng)}/lib"
-    script = f"/app/{rng.choice(TOOLS)}.py"
+    script = f"/app/{rng.choice(TOOLS)}_{rng.choice(NOUNS)}.py"
     out = f"/app/out/{rng.choice(NOUNS)}-{_tok(rng, 4)}.txt"
     instruction = _pick(rng, [
         "Run `python3 {script}` so that it writes `{out}`. Its helper module `{mod}` is in `{libdir}`; "
@@ -240,8 +240,9 @@ def pythonpath_module(rng: random.Random) -> Drill:
 def python_alias(rng: random.Random) -> Drill:
     """Run a Python script with ``python``, which this system does not have (fix: ``python3``)."""
     n, word = rng.randint(3, 40), rng.choice(WORDS)
-    script = f"/app/{rng.choice(['make', 'gen', 'write', 'build'])}_{rng.choice(NOUNS)}.py"
-    out = f"/app/{rng.choice(NOUNS)}-{_tok(rng, 4)}.txt"
+    folder = rng.choice(["/app", "/srv/jobs", "/opt/scripts"])
+    script = f"{folder}/{rng.choice(['make', 'gen', 'write', 'build'])}_{rng.choice(NOUNS)}.py"
+    out = f"{folder}/{rng.choice(NOUNS)}-{_tok(rng, 4)}.txt"
     code = f"with open('{out}', 'w') as fh:\n    fh.write('{word} ' * {n} + '\\n')\nprint('wrote {out}')\n"
     instruction = _pick(rng, [
         "Create `{out}` by running the Python script `{script}` with `python`.",
