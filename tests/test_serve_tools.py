@@ -135,3 +135,57 @@ def test_streaming_assembles_to_the_same_reply(client):
     text = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "prose please"}],
                                           stream=True)  # fmt: skip
     assert "".join(c.choices[0].delta.content or "" for c in text if c.choices) == "Nothing to run here."
+
+
+def _terminus_reply(steps):
+    """Terminus-2's JSON answer format: the whole solution as keystrokes in the first turn, then
+    ``task_complete`` (Terminus-2 asks to confirm it once)."""
+
+    def reply(messages):
+        first = not any(m["role"] == "assistant" for m in messages)
+        commands = [{"keystrokes": step + "\n", "duration": 1.0} for step in steps] if first else []
+        return json.dumps({"analysis": "scripted", "plan": "run the solution", "commands": commands,
+                           "task_complete": not first})  # fmt: skip
+
+    return reply
+
+
+@pytest.mark.slow
+def test_harbors_terminus2_agent_runs_a_kit_task_against_the_server(tmp_path):
+    """`harbor run -a terminus-2 -m hosted_vllm/NAME --ak api_base=...` on a kit task in the local sandbox."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import uvicorn
+
+    from reterm.tasks import load_task, solution_steps
+
+    task = Path(__file__).resolve().parents[1] / "tasks" / "semver-sort"
+    server = Server(ScriptedPolicy(_terminus_reply(list(solution_steps(load_task(task)))), name="scripted"), "scripted")
+    port = _free_port()
+    uv = uvicorn.Server(uvicorn.Config(server.app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        while not uv.started:
+            assert thread.is_alive()
+            time.sleep(0.05)
+        info = {"max_input_tokens": 32768, "max_output_tokens": 1024, "input_cost_per_token": 0.0,
+                "output_cost_per_token": 0.0}  # fmt: skip
+        args = [str(Path(sys.executable).parent / "harbor"), "run", "-p", str(task), "-a", "terminus-2",
+                "-m", "hosted_vllm/scripted", "--ak", f"api_base=http://127.0.0.1:{port}/v1",
+                "--ak", f"model_info={json.dumps(info)}", "--ak", "max_turns=6",
+                "-e", "reterm.sandbox.local:LocalEnvironment", "-o", str(tmp_path / "jobs"), "-y"]  # fmt: skip
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})  # fmt: skip
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (result_file,) = (tmp_path / "jobs").glob("*/*/result.json")
+    result = json.loads(result_file.read_text())
+    assert result["exception_info"] is None, result["exception_info"]
+    assert result["verifier_result"]["rewards"]["reward"] == 1.0
+    assert server.stats["requests"] >= 2  # the solution turn and the confirmation
