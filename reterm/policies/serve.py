@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a local model behind an OpenAI-compatible /v1/chat/completions API "
         "(for Harbor's Terminus-2 via litellm hosted_vllm/NAME, or any OpenAI client).",
     )
-    p.add_argument("model", help="'smollm2' (the embedded default), a local checkpoint folder or a Hub id "
-                   "(an 'hf:' prefix is accepted)")  # fmt: skip
+    p.add_argument("model", help="'smollm2' (the embedded default), a local checkpoint folder written as a path "
+                   "(/..., ./..., ~/...) or a Hub id (org/name); an 'hf:' prefix is accepted")  # fmt: skip
     p.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
     p.add_argument("--served-model-name", help="name reported to clients (default: derived from MODEL)")
@@ -378,9 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import uvicorn
 
+    from reterm.policies import resolve_hf_model
     from reterm.policies.transformers_policy import TransformersPolicy
 
-    model = args.model.removeprefix("hf:")
+    ref = args.model.strip().removeprefix("hf:")
+    try:
+        model = resolve_hf_model(ref)
+    except ValueError as exc:
+        print(f"reterm serve: {exc}", file=sys.stderr)
+        return 2
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     print(f"[reterm serve] loading {model} ...", file=sys.stderr, flush=True)
     policy = TransformersPolicy(
@@ -388,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens),
         enable_thinking=thinking,
     )  # fmt: skip
-    name = args.served_model_name or served_name(model)
+    name = args.served_model_name or served_name(ref)
     server = Server(policy, name, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000)
     base = f"http://{args.host}:{args.port}/v1"
     info = json.dumps({"max_input_tokens": policy.max_context, "max_output_tokens": args.max_new_tokens,
