@@ -415,7 +415,7 @@ def build_demo(config: AppConfig) -> gr.Blocks:
                         tokens_box = gr.Slider(16, 1024, value=256, step=16, label="Max new tokens per turn")
                     with gr.Row():
                         ckpt_box = gr.Textbox(label="Checkpoint (model: local checkpoint)",
-                                              placeholder="outputs/sft or ORG/NAME")
+                                              placeholder="./outputs/sft or ORG/NAME")
                         url_box = gr.Textbox(label="Endpoint base URL (model: endpoint)",
                                              placeholder="http://127.0.0.1:8000/v1")
                         served_box = gr.Textbox(label="Served model name (model: endpoint)", placeholder="smollm2")

@@ -274,14 +274,19 @@ def validate_request(
         ref = (checkpoint or "").strip()
         if not ref:
             raise ValueError("no checkpoint given: enter a local model folder or a Hub model id")
-        p = Path(ref).expanduser()
-        if p.exists():
+        from reterm.policies import is_local_path
+
+        if is_local_path(ref):  # as everywhere in the kit: a path starts with /, . or ~; the rest is a Hub id
             if not allow_local_paths:
                 raise ValueError("local checkpoints cannot be used on this host; give a Hub model id")
+            p = Path(ref).expanduser()
+            if not p.is_dir():
+                raise ValueError(f"{ref}: no such checkpoint folder")
             if not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
                 raise ValueError(f"{ref}: not a transformers checkpoint (no config.json or adapter_config.json)")
-        elif ref.startswith((".", "/", "~")) or ref.count("/") != 1:
-            raise ValueError(f"{ref}: no such checkpoint folder, and not a Hub model id (ORG/NAME)")
+        elif ref.count("/") != 1:
+            raise ValueError(f"{ref}: read as a Hub model id, which is ORG/NAME; a local folder is written as a "
+                             f"path (./{ref}, /abs/path or ~/path)")  # fmt: skip
         spec = f"hf:{ref}"
     elif model == "endpoint":
         url = (base_url or "").strip()
