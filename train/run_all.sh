@@ -45,6 +45,8 @@ cd "$(dirname "$SELF")/.."       # everything runs from the repository root
 # torch's OpenMP threads spin while waiting for a core; beside sandboxes that makes CPU generation up to 5x
 # slower (bench/policies.py; tests/run.sh and the reterm command set the same)
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# LiteLLM (imported with Harbor) uses its bundled cost map instead of retrying a download when offline
+export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
