@@ -154,7 +154,9 @@ async def check_drill(task_dir: Path | str) -> DrillCheck:
 
     try:
         await oracle()  # builds (or finds) the task's layer once; the other two reuse it
-        await asyncio.gather(null(), first_mistake())
+        for outcome in await asyncio.gather(null(), first_mistake(), return_exceptions=True):
+            if isinstance(outcome, Exception):  # both runs finished (and stopped their sandboxes) first
+                raise outcome
     except Exception as exc:  # build, start or verifier faults: infrastructure, not a reward
         result.error = f"{type(exc).__name__}: {exc}"
     result.wall_s = time.monotonic() - t0
