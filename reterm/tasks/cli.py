@@ -104,7 +104,7 @@ def _drills(args: argparse.Namespace) -> int:
     write_json_atomic(Path(args.out) / "drills-check.json", report)
     bad = [r for r in results if not r.ok]
     print(f"check: {report['n_ok']}/{len(results)} drills sound (oracle 1.0, null 0.0, first mistake 0.0 with its "
-          f"error shown) in {wall:.1f} s: {report['instances_per_s']:.2f} instances/s "
+          f"error shown, then the recovery 1.0) in {wall:.1f} s: {report['instances_per_s']:.2f} instances/s "
           f"({Path(args.out) / 'drills-check.json'})")  # fmt: skip
     disagree = sorted({(r.family, r.category, r.mistake_label) for r in results if r.ok and not r.label_agrees})
     print(f"the rule classifier labels {report['n_label_agrees']}/{len(results)} first mistakes as their family's category"
