@@ -34,8 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.drills import first_mistake, read_splits
-from reterm.agent.episode import load_task
+from pipeline.drills import injected_teacher, mistake_policy, read_splits
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts, task_category
 from reterm.stats import paired_bootstrap, rate
@@ -79,13 +78,12 @@ def _turn_stats(attempts: list[Attempt]) -> tuple[int, int]:
 async def _injected_states(dirs: list[Path], batch: int) -> tuple[list[Attempt], list[Any], list[bool]]:
     """The injected failed first attempts of ``dirs`` (snapshots kept), their states, and whether the
     reference solution still passes from each (recoverable)."""
-    mistakes = OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
+    mistakes = mistake_policy(dirs)
     firsts = await _attempts(mistakes, dirs, batch, "injected first attempts", max_turns=2, keep_failed_snapshots=True)
     failed = [a for a in firsts if a.failed]
     release([a for a in firsts if not a.failed])
     states = [attempt_end_state(a) for a in failed]
-    oracle = OraclePolicy(dirs, name="oracle")
-    checks = await run_attempts(oracle, [a.task_dir for a in failed], states=states,
+    checks = await run_attempts(injected_teacher(dirs), [a.task_dir for a in failed], states=states,
                                 snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
     return failed, states, [c.trajectory.outcome is Outcome.SUCCESS for c in checks]
 

@@ -9,8 +9,9 @@ Failure states come from two sources, both on the drills' ``train`` split (``DRI
 - **injected**: the drill family's natural first mistake (``[metadata] first_mistake`` of each task), typed
   as a first attempt that then submits.
 
-From each failure state the teacher (the offline oracle: the task's reference solution, typed from the
-state the failed attempt left behind) makes a recovery attempt after the feedback message; the task's
+From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
+recovery commands, after the policy's own attempt the reference solution, typed from the state the failed
+attempt left behind) makes a recovery attempt after the feedback message; the task's
 verifier keeps the ones that pass. Records carry the release's six columns first
 (:func:`reterm.records.release_columns`), then the kit's metadata. Records of a few train instances form the
 ``test`` split (SFT's held-out likelihood check); the drills' own ``test``/``test_ood`` instances are never
@@ -66,6 +67,28 @@ def first_mistake(task_dir: Path) -> str:
     if not isinstance(cmd, str) or not cmd.strip():
         raise ValueError(f"{task_dir / 'task.toml'}: [metadata] first_mistake is missing")
     return cmd
+
+
+def recovery_commands(task_dir: Path) -> list[str]:
+    """The commands that complete the drill from the state its first mistake leaves (``[metadata] recovery``,
+    verified by the drills check); the reference solution when the task has none."""
+    meta = load_task(task_dir).config.metadata or {}
+    cmds = meta.get("recovery")
+    if isinstance(cmds, list) and cmds and all(isinstance(c, str) for c in cmds):
+        return list(cmds)
+    from reterm.tasks import solution_steps
+
+    return solution_steps(task_dir)
+
+
+def injected_teacher(dirs: list[Path]) -> OraclePolicy:
+    """The teacher after an injected first mistake: types :func:`recovery_commands`, then submits."""
+    return OraclePolicy([(load_task(d).instruction, recovery_commands(d)) for d in dirs], name="oracle-teacher")
+
+
+def mistake_policy(dirs: list[Path]) -> OraclePolicy:
+    """The injected failed first attempt: the drill's first mistake, then submit."""
+    return OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
 
 
 def _row(attempt: Attempt, recovery: Attempt, source: str, policy: str, family: str) -> dict[str, Any]:
@@ -129,9 +152,8 @@ def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int,
     if journal_path.exists():
         done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
     seen = {(e["source"], t) for e in done for t in e["tasks"]}
-    teacher = OraclePolicy(dirs, name="oracle-teacher")
-    injected = OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
-    work: list[tuple[str, Any]] = [("injected", injected)]
+    teachers = {"injected": injected_teacher(dirs), "own": OraclePolicy(dirs, name="oracle-teacher")}
+    work: list[tuple[str, Any]] = [("injected", mistake_policy(dirs))]
     if policy_spec:
         from reterm.policies import load_policy
 
@@ -143,7 +165,7 @@ def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int,
         size = batch if source == "own" else 16
         for i in range(0, len(todo), size):
             chunk = todo[i : i + size]
-            entry = asyncio.run(_batch(pol, teacher, chunk, source, max_turns if source == "own" else 2))
+            entry = asyncio.run(_batch(pol, teachers[source], chunk, source, max_turns if source == "own" else 2))
             with journal_path.open("a") as f:
                 f.write(json.dumps(entry, ensure_ascii=False) + "\n")
             done.append(entry)
