@@ -592,7 +592,8 @@ def cards(
 
 def _eval_name(results: Path, name: str) -> str:
     """``name`` or its alias (:data:`ALIASES`) as found among ``results.json``'s models."""
-    names = {m.get("name") for m in (_load_json(results) or {}).get("models", [])}
+    models = (_load_json(results) or {}).get("models", [])
+    names = set(models) if isinstance(models, dict) else {m.get("name") for m in models}  # eval.drills | eval.run
     return next((n for n in [name, *ALIASES.get(name, [])] if n in names), name)
 
 
