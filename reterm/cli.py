@@ -16,8 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("reterm.tasks.cli", "check and verify task folders (oracle and null agents); generate drills"),
     "run": ("reterm.agent.cli", "run one episode of the agent on a task and print it step by step"),
     "serve": ("reterm.policies.serve", "serve a local model behind an OpenAI-compatible API"),
-    "data": ("pipeline.build", "build the ReTerm-10K recovery dataset (`reterm data build`)"),
-    "eval": ("eval.run", "evaluate models through Harbor (Pass@1, recovery rates)"),
+    "data": ("reterm.data.build", "build the ReTerm-10K recovery dataset (`reterm data build`)"),
+    "eval": ("reterm.eval.run", "evaluate models through Harbor (Pass@1, recovery rates)"),
     "publish": ("reterm.publish", "publish a dataset, model or Space to the Hugging Face Hub"),
 }
 

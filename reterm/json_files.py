@@ -1,6 +1,6 @@
 """Reading JSON files that a pydantic model validates, with errors that name the file and the fields.
 
-Used by the cards (``dataset_card.stats.load_stats``, ``model_card.inputs.load_results``) and anything
+Used by the cards (``reterm.data.dataset_stats.load_stats``, ``reterm.cards.model_inputs.load_results``) and anything
 else that reads a JSON file another stage wrote.
 """
 

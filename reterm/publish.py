@@ -13,8 +13,8 @@ Every kind goes through the same steps:
 
 1. **Stage.** The files to publish (``--include``/``--exclude``, with defaults per kind) are placed in a
    staging folder (hard links, falling back to symbolic links or copies) with the rendered card as
-   ``README.md``: :func:`dataset_card.render.render_dataset_card` from ``stats.json`` and the shards,
-   :func:`model_card.render.render_model_card` from the checkpoint's own training record
+   ``README.md``: :func:`reterm.cards.dataset.render_dataset_card` from ``stats.json`` and the shards,
+   :func:`reterm.cards.model.render_model_card` from the checkpoint's own training record
    (``training_summary.json`` and ``recipe.yaml`` in the folder or its parent; ``--recipe`` replaces the
    recipes) and ``results.json`` (recipes, results and the training summary are also staged as
    ``recipes/``, ``eval/results.json`` and ``training_summary.json``, so a staged folder publishes again
@@ -221,8 +221,8 @@ def _stage_model_inputs(folder: Path, stage_dir: Path, options: dict[str, Any]) 
     """Stage what the model card was rendered from: the recipes (``recipes/N-TRAINER-NAME.yaml``, secrets
     redacted), ``eval/results.json`` and ``training_summary.json`` (absolute paths of this machine cut to
     their last component; the chosen ``eval_name`` added). Returns the staged relative paths."""
-    from model_card.inputs import load_recipe
-    from model_card.render import training_record
+    from reterm.cards.model_inputs import load_recipe
+    from reterm.cards.model import training_record
 
     record = training_record(folder)
     recipes = options.get("recipes") or (record.recipes if record is not None else [])
@@ -249,13 +249,13 @@ def _stage_model_inputs(folder: Path, stage_dir: Path, options: dict[str, Any]) 
     return staged
 
 
-# What a Space needs of the kit next to app.py: the library, the task suite (live mode) and eval/ (its
-# metrics classify Harbor trials when a job folder is replayed). app.py puts its own folder on sys.path.
-SPACE_KIT_DIRS = ("reterm", "eval", "tasks")
+# What a Space needs of the kit next to app.py: the library and the task suite (live mode). app.py puts its
+# own folder on sys.path.
+SPACE_KIT_DIRS = ("reterm", "tasks")
 
 
 def _stage_kit_for_space(stage_dir: Path, space_files: set[str], allow_symlink: bool, notes: list[str]) -> list[str]:
-    """Place the kit's ``reterm/``, ``eval/`` and ``tasks/`` in a staged Space (the Hub has no ``reterm``
+    """Place the kit's ``reterm/`` and ``tasks/`` in a staged Space (the Hub has no ``reterm``
     package to install). Files the Space folder itself holds win. Returns the staged relative paths."""
     root = Path(__file__).resolve().parent.parent
     staged: list[str] = []
@@ -274,11 +274,11 @@ def _stage_kit_for_space(stage_dir: Path, space_files: set[str], allow_symlink: 
 
 def _render_card(kind: str, folder: Path, repo_id: str, options: dict[str, Any]) -> str:
     if kind == "dataset":
-        from dataset_card.render import render_dataset_card
+        from reterm.cards.dataset import render_dataset_card
 
         return str(render_dataset_card(folder, repo_id))
     if kind == "model":
-        from model_card.render import render_model_card
+        from reterm.cards.model import render_model_card
 
         card = render_model_card(
             folder, repo_id, options.get("recipes") or [], options.get("results"),

@@ -235,11 +235,11 @@ def test_tasks_check_refuses_a_negative_agent_timeout(tmp_path, capsys):
     assert "timeout_sec" in out.out + out.err
 
 
-# ------------------------------------------------------------------------------- pipeline.build
+# ------------------------------------------------------------------------------- reterm.data.build
 @pytest.mark.parametrize("value", ["[1", ": x"])
 def test_pipeline_set_with_a_value_that_is_not_yaml_names_the_override(tmp_path, capsys, value):
-    # python -m pipeline.build --set 'rollout.attempts=[1' ended in a yaml ScannerError traceback
-    from pipeline.build import main
+    # python -m reterm.data.build --set 'rollout.attempts=[1' ended in a yaml ScannerError traceback
+    from reterm.data.build import main
 
     try:
         rc = main(["--output", str(tmp_path / "out"), "--set", f"rollout.attempts={value}"])

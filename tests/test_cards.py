@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from huggingface_hub import DatasetCard, ModelCard
 
-from dataset_card.render import COLUMN_DOCS, render_dataset_card
-from dataset_card.stats import load_stats
-from model_card.inputs import load_recipe, load_results
-from model_card.render import render_model_card
+from reterm.cards.dataset import COLUMN_DOCS, render_dataset_card
+from reterm.data.dataset_stats import load_stats
+from reterm.cards.model_inputs import load_recipe, load_results
+from reterm.cards.model import render_model_card
 from reterm.hub_metadata import check_readme, size_category, validate_card_metadata
 from reterm.records import FEATURES
 

@@ -1,4 +1,4 @@
-"""eval.metrics on hand-built Harbor job folders (tests/fixtures/jobs, see build_fixtures.py there).
+"""reterm.eval.metrics on hand-built Harbor job folders (tests/fixtures/jobs, see build_fixtures.py there).
 
 Expected values are worked out by hand below from the trial list in build_fixtures.py.
 """
@@ -12,7 +12,7 @@ import pytest
 from harbor.models.trial.result import TrialResult
 from harbor.utils.pass_at_k import compute_pass_at_k_by_evals
 
-from eval.metrics import classify_trial, load_job, pass_at_1, pass_at_k, pass_at_ks, summarize, task_counts
+from reterm.eval.metrics import classify_trial, load_job, pass_at_1, pass_at_k, pass_at_ks, summarize, task_counts
 from reterm.trajectory import Outcome
 
 JOBS = Path(__file__).parent / "fixtures" / "jobs"
@@ -123,7 +123,7 @@ def test_multi_reward_without_reward_key_is_an_error():
 
 
 def test_recovery_within_trials_by_hand():
-    from eval.recovery import recovery_in_trials
+    from reterm.eval.recovery import recovery_in_trials
 
     # build_fixtures.py: trajectories of trials 0-5. `jq` not found in trial 0 (passed), 3 (failed) and
     # 5 (missing reward file: a fault, left out) -> 2 states, 1 recovered; a missing file in trial 2

@@ -1,4 +1,4 @@
-"""eval.recovery: recovery attempts from recorded failure states, in real local sandboxes.
+"""reterm.eval.recovery: recovery attempts from recorded failure states, in real local sandboxes.
 
 Two hand-written ReTerm-10K records on the fixture task hello-file (write /app/hello.txt). Both
 prefixes write the right text to ``hello.txt.tmp`` in the current folder and then fail; the recovery
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import recovery
+from reterm.eval import recovery
 from reterm.agent.protocol import format_observation, initial_messages, step_messages
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.records import normalise_message
@@ -95,7 +95,7 @@ def test_missing_task_folder_is_named(records, tmp_path):
 
 @pytest.mark.slow
 def test_config_wiring_with_the_oracle_policy(records, tmp_path):
-    from eval.run import EvalConfig
+    from reterm.eval.run import EvalConfig
 
     cfg = EvalConfig.model_validate({
         "name": "r", "output_dir": str(tmp_path), "dataset": {"path": str(TASKS)},
@@ -148,7 +148,7 @@ def test_held_out_states_are_real_failures(tmp_path):
 
 
 def test_model_settings_carry_over_to_recovery_attempts():
-    from eval.run import ModelSpec
+    from reterm.eval.run import ModelSpec
 
     m = ModelSpec(name="b", agent="reterm", policy="openai:q", api_base="http://h/v1",
                   kwargs={"max_turns": 8, "max_consecutive_parse_errors": "3", "command_timeout": 20,

@@ -1,4 +1,4 @@
-"""eval.run: typed config, Harbor JobConfig building, the offline registry check, and the report
+"""reterm.eval.run: typed config, Harbor JobConfig building, the offline registry check, and the report
 built from the hand-built job folders (tests/fixtures/jobs) without running a job."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval import run
-from eval.report import markdown, write_report
+from reterm.eval import run
+from reterm.eval.report import markdown, write_report
 from reterm.agent.environments import LOCAL_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +121,7 @@ def test_report_from_fixture_jobs(tmp_path):
     assert demo["recovery"]["missing_dependency"] == {"failure_states": 2, "recovered": 1, "rate": 0.5,
                                                       "stderr": pytest.approx(0.5 / 2 ** 0.5)}
     # the model card's reader accepts the file
-    from model_card.inputs import load_results
+    from reterm.cards.model_inputs import load_results
 
     assert load_results(paths["results"]).find("demo").recovery["missing_dependency"].recovered == 1
 
@@ -180,7 +180,7 @@ def test_a_model_with_only_infrastructure_faults_exits_non_zero(tmp_path, capsys
     # (exit 3) instead of reporting an empty score with exit 0
     import shutil
 
-    from eval import metrics
+    from reterm.eval import metrics
 
     faults = [t for t in metrics.load_job(FIXTURES / "jobs" / "demo").trials if t.outcome.is_infra_fault]
     assert faults, "the fixture has infrastructure faults"

@@ -122,7 +122,7 @@ def test_reterm_run_environment_gets_the_tasks_network_policy(tmp_path):
 
 
 def test_eval_config_with_unknown_policy_spec_fails_at_load(tmp_path, capsys):
-    from eval.run import main
+    from reterm.eval.run import main
 
     cfg = tmp_path / "eval.yaml"
     cfg.write_text("name: x\ndataset: {path: tasks, split: test}\nenvironment: {type: local}\n"
@@ -138,7 +138,7 @@ def test_pipeline_refuses_a_task_the_local_sandbox_cannot_build_before_writing(t
     import json
     import shutil
 
-    from pipeline.build import main
+    from reterm.data.build import main
 
     tasks = tmp_path / "tasks"
     for name in ("ok", "alpine"):

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import filters, inject
-from pipeline.config import ConfigError, FiltersConfig, PipelineConfig, TasksConfig, load_config
-from pipeline.recover import WorkItem
-from pipeline.state import ConfigMismatchError, Journal
-from pipeline.tasks import select_tasks
-from pipeline.teacher import OracleGuidedTeacher, prefix_messages, resume_position
-from pipeline.write import make_record, records_from_unit
+from reterm.data import filters, inject
+from reterm.data.config import ConfigError, FiltersConfig, PipelineConfig, TasksConfig, load_config
+from reterm.data.recover import WorkItem
+from reterm.data.state import ConfigMismatchError, Journal
+from reterm.data.tasks import select_tasks
+from reterm.data.teacher import OracleGuidedTeacher, prefix_messages, resume_position
+from reterm.data.write import make_record, records_from_unit
 from reterm.agent.protocol import SYSTEM_PROMPT, parse_action
 from reterm.recovery import localise
 from reterm.tasks import load_splits, solution_steps
@@ -172,7 +172,7 @@ def test_records_point_at_the_recovery_and_have_stable_ids():
     infra = _attempt(task, state.history, [], 0.0)
     infra.outcome = Outcome.SANDBOX_ERROR
     unit = {"state_id": state.id, "status": "ok", "attempts": [a.model_dump(mode="json") for a in (ok, bad, infra)]}
-    from pipeline.tasks import task_info
+    from reterm.data.tasks import task_info
 
     rows, failed = records_from_unit(item, unit, task_info(TASKS / task), per_state=1)
     (r,), (f,) = rows, failed
@@ -276,7 +276,7 @@ def test_journal_refuses_another_config_and_resumes_the_same(tmp_path):
 
 
 def test_cli_reports_bad_configs(tmp_path, capsys):
-    from pipeline.build import main
+    from reterm.data.build import main
     from reterm.cli import main as reterm_main
 
     bad = tmp_path / "bad.yaml"
@@ -290,7 +290,7 @@ def test_cli_reports_bad_configs(tmp_path, capsys):
 
 
 def test_terminal_bench_copy_is_read_for_decontamination(tmp_path):
-    from pipeline.tasks import benchmark_tasks
+    from reterm.data.tasks import benchmark_tasks
 
     for name, text in [("fix-git", "Recover the lost commits of the repository in /app/repo after a hard reset."),
                        ("hello-world", "Write hello world into /app/hello.txt and nothing else at all.")]:
@@ -310,7 +310,7 @@ def test_terminal_bench_copy_is_read_for_decontamination(tmp_path):
 
 
 def test_recovery_policies_from_the_config():
-    from pipeline.teacher import load_recovery_policy
+    from reterm.data.teacher import load_recovery_policy
     from reterm.policies.endpoint import EndpointPolicy
     from reterm.policies.scripted import OraclePolicy
 
@@ -328,7 +328,7 @@ def test_held_out_split_takes_whole_tasks_deterministically():
     # likelihood check reads; the choice is seeded and never empties `train`
     import pyarrow.parquet as pq
 
-    from pipeline.write import held_out_task_ids, split_records
+    from reterm.data.write import held_out_task_ids, split_records
 
     rows = sorted(pq.read_table(ROOT / "tests/fixtures/reterm10k_mini/data/train-00000-of-00001.parquet").to_pylist(),
                   key=lambda r: r["id"])  # fmt: skip

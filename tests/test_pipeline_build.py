@@ -1,4 +1,4 @@
-"""End to end: ``python -m pipeline.build`` on a reduced config (scripted rollouts that fail for real,
+"""End to end: ``python -m reterm.data.build`` on a reduced config (scripted rollouts that fail for real,
 error injection, the oracle-guided teacher, real sandboxes and verifiers), then
 
 - the dataset loads with ``datasets.load_dataset(DIR)``, its stats agree with the shards, and a sample of
@@ -44,7 +44,7 @@ CONFIG = {
 
 
 def _build(cfg: Path, out: Path, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.build", "--config", str(cfg), "--output", str(out)],
+    return subprocess.Popen([sys.executable, "-m", "reterm.data.build", "--config", str(cfg), "--output", str(out)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def uninterrupted(tmp_path_factory):
 def test_build_loads_and_kept_recoveries_replay_to_reward_1(uninterrupted):
     import datasets
 
-    from dataset_card.stats import load_stats
+    from reterm.data.dataset_stats import load_stats
     from reterm.agent.episode import run_verifier
     from reterm.agent.terminal import TerminalSession
     from reterm.sandbox.local import LocalEnvironment

@@ -1,4 +1,4 @@
-"""pipeline.recover on the real local sandbox: snapshot fork vs replay rebuilds, a diverged replay
+"""reterm.data.recover on the real local sandbox: snapshot fork vs replay rebuilds, a diverged replay
 dropped, background processes forcing a replay, the teacher's attempts verified by the task's tests."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import EnvironmentConfig, RecoveryConfig
-from pipeline.environments import can_fork, make_environment, stop_quietly
-from pipeline.recover import WorkItem, run_attempts
-from pipeline.teacher import OracleGuidedTeacher
+from reterm.data.config import EnvironmentConfig, RecoveryConfig
+from reterm.data.environments import can_fork, make_environment, stop_quietly
+from reterm.data.recover import WorkItem, run_attempts
+from reterm.data.teacher import OracleGuidedTeacher
 from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.recovery import localise
 from reterm.trajectory import Action, Outcome, Step, Trajectory

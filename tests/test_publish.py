@@ -185,7 +185,7 @@ def test_publish_dataset_then_hf_download_and_load_dataset(hub, runs, dataset_fo
 
 def test_republishing_a_dataset_replaces_stale_shards(hub, runs, dataset_folder, tmp_path):
     """A rebuilt dataset with a different sharding leaves no old shard behind (no duplicated rows)."""
-    from dataset_card.layout import write_dataset_folder
+    from reterm.data.layout import write_dataset_folder
 
     fixture = _fixture_module()
     records = [fixture.make_record(s) for s in fixture.SPECS]
@@ -205,7 +205,7 @@ def test_republishing_a_dataset_replaces_stale_shards(hub, runs, dataset_folder,
 
 def test_a_token_in_the_data_is_refused_before_any_request(hub, runs, tmp_path):
     fixture = _fixture_module()
-    from dataset_card.layout import write_dataset_folder
+    from reterm.data.layout import write_dataset_folder
 
     records = [fixture.make_record(s) for s in fixture.SPECS]
     leaked = "hf_" + "Zz" * 17  # another token-shaped string (not the one in use)
@@ -360,12 +360,12 @@ def test_publish_space_then_hf_download(hub, runs, tmp_path):
     assert downloaded.pop(".gitattributes")
     own = tree(FIXTURES / "space")
     assert {k: downloaded[k] for k in own} == own
-    # the kit travels with the Space (no `reterm` package on the Hub): library, eval and the task suite
+    # the kit travels with the Space (no `reterm` package on the Hub): the library and the task suite
     kit = {k for k in downloaded if k not in own}
-    assert {k.split("/")[0] for k in kit} == {"reterm", "eval", "tasks"}
+    assert {k.split("/")[0] for k in kit} == {"reterm", "tasks"}
     assert "reterm/agent/protocol.py" in kit and "tasks/splits.json" in kit
     assert not any("__pycache__" in k for k in kit)
-    code = "import reterm.agent.protocol as p, eval.metrics as m; print(p.__file__); print(m.__file__)"
+    code = "import reterm.agent.protocol as p, reterm.eval.metrics as m; print(p.__file__); print(m.__file__)"
     r = subprocess.run([sys.executable, "-c", code], cwd=out, env={**os.environ, "PYTHONPATH": str(out)},
                        capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -206,7 +206,7 @@ def _fake_checkpoints(run: Path) -> None:
 
 
 def test_eval_config_has_the_four_models_and_loads(tmp_path):
-    from eval.run import job_config, load_config
+    from reterm.eval.run import job_config, load_config
 
     run = tmp_path / "run"
     _fake_checkpoints(run)

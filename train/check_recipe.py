@@ -7,9 +7,9 @@ What it checks, in order (each line says OK, WARN, MISSING or FAIL):
 1. **Recipes parse**: every YAML of ``train/recipes/NAME/`` through the training script's own ``TrlParser``
    (``train/sft.py`` for ``sft*.yaml``, ``train/grpo.py`` for ``grpo*.yaml``: unknown keys fail), read with
    the CPU-safe values a GPU recipe needs here (``bf16``/``fp16``/``tf32`` off, ``use_cpu``, no vLLM).
-2. **Pipeline and eval configs load**: the recipe's pipeline config (:func:`pipeline.config.load_config`),
+2. **Pipeline and eval configs load**: the recipe's pipeline config (:func:`reterm.data.config.load_config`),
    its endpoint policies are constructed (no request is sent), and every eval config the recipe uses
-   (:func:`eval.run.load_config`) is turned into Harbor ``JobConfig``s, one per model; a registry dataset
+   (:func:`reterm.eval.run.load_config`) is turned into Harbor ``JobConfig``s, one per model; a registry dataset
    that cannot be reached is a WARN (offline machines use a local copy: ``-p DIR``).
 3. **Trainers build and take one step** on the tiny Qwen3.5 with the recipes' own code path: the scripts'
    ``--check`` (``train/sft.py --check``, ``train/grpo.py --check`` for ReTerm-GRPO and for the standard
@@ -122,7 +122,7 @@ def check_recipe_file(path: Path) -> str:
 # ------------------------------------------------------------------------------- 2. pipeline, eval
 def check_pipeline(path: Path) -> str:
     """Load the pipeline config and construct its endpoint policies (nothing is sent)."""
-    from pipeline.config import load_config
+    from reterm.data.config import load_config
     from reterm.agent.environments import environment_kind
     from reterm.policies import load_policy
 
@@ -144,7 +144,7 @@ def check_pipeline(path: Path) -> str:
 
 def check_eval(path: Path) -> str:
     """Load an eval config and build the Harbor ``JobConfig`` of each model."""
-    from eval.run import job_config, load_config
+    from reterm.eval.run import job_config, load_config
 
     cfg = load_config(path)
     for m in cfg.models:
@@ -156,7 +156,7 @@ def check_eval(path: Path) -> str:
 
 
 def check_eval_dataset(path: Path) -> str | tuple[str, str]:
-    from eval.run import DatasetUnavailableError, check_dataset_reachable, load_config
+    from reterm.eval.run import DatasetUnavailableError, check_dataset_reachable, load_config
 
     cfg = load_config(path)
     try:
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "secrets", "DAYTONA_API_KEY", *check_secret("DAYTONA_API_KEY", "Harbor's Daytona sandboxes: data, GRPO, eval")
     )
     if configs["pipeline"]:
-        from pipeline.config import load_config
+        from reterm.data.config import load_config
 
         try:
             pcfg = load_config(REPO / configs["pipeline"])

@@ -169,7 +169,7 @@ def _public_base(name: str, resolved: str) -> tuple[str, str]:
     """``(hub_id, note)`` of the model GRPO started from, for the model card: the SFT run's public base
     (``base_model_hub_id`` of its ``training_summary.json``, next to the checkpoint or one folder up, for
     ``.../sft/merged``) with a note naming the SFT checkpoint, else :func:`hub_id_of`. ``hub_id`` is a
-    plain Hub id or name (``model_card.render`` reads it as the card's ``base_model``), never a path."""
+    plain Hub id or name (``reterm.cards.model`` reads it as the card's ``base_model``), never a path."""
     import json
 
     for folder in (Path(resolved), Path(resolved).parent):

@@ -18,7 +18,7 @@ command, wall time, peak memory and load: that file means "this stage's outputs 
 same command is skipped on the next run. A stage that was killed has no such file and runs again (the
 time and peak of the interrupted attempts, kept in ``RUN/stages/NAME.running.json`` every 5 s, are added
 to its record: ``wall_s`` covers every attempt, ``last_attempt_wall_s`` the last one); each
-stage's own tool then resumes from its journal or checkpoints (``pipeline.build``'s journal, the trainers'
+stage's own tool then resumes from its journal or checkpoints (``reterm.data.build``'s journal, the trainers'
 ``checkpoint-*``, Harbor's job folders). A stage that runs invalidates the records of the stages after it
 (``--later``), since their inputs changed; ``--force`` deletes the stage's outputs first (a fresh start).
 
@@ -411,7 +411,7 @@ def eval_config(
 
     The agent settings (``kwargs``) of ``base``'s first ``reterm`` model with a ``smollm2``/``hf:`` policy
     are given to all four models, so they run with the same harness limits; the sizes given here replace
-    ``base``'s. Paths in the written config are relative to the repository root (``eval.run`` runs there).
+    ``base``'s. Paths in the written config are relative to the repository root (``reterm.eval.run`` runs there).
 
     Returns:
         The config written (a dict).
@@ -593,7 +593,7 @@ def cards(
 def _eval_name(results: Path, name: str) -> str:
     """``name`` or its alias (:data:`ALIASES`) as found among ``results.json``'s models."""
     models = (_load_json(results) or {}).get("models", [])
-    names = set(models) if isinstance(models, dict) else {m.get("name") for m in models}  # eval.drills | eval.run
+    names = set(models) if isinstance(models, dict) else {m.get("name") for m in models}  # reterm.eval.drills | reterm.eval.run
     return next((n for n in [name, *ALIASES.get(name, [])] if n in names), name)
 
 
@@ -914,7 +914,7 @@ def write_plots(run_dir: Path, stage_order: list[str]) -> list[Path]:
 
 DRILL_MODELS = {"base": "base (SmolLM2-135M-Instruct)", "sft": "SFT cold start", "grpo-standard": "standard GRPO",
                 "grpo-reterm": "ReTerm-GRPO"}
-"""The four models of the drills evaluation (``eval.drills``), in table order."""
+"""The four models of the drills evaluation (``reterm.eval.drills``), in table order."""
 
 
 def _rate_md(r: dict[str, Any] | None) -> str:
@@ -934,7 +934,7 @@ def _stage_totals(run_dir: Path, stage_order: list[str]) -> tuple[float, float]:
 
 
 def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str, Any]]:
-    """The summary of a run evaluated on the recovery drills (``RUN/eval/results.json`` of ``eval.drills``).
+    """The summary of a run evaluated on the recovery drills (``RUN/eval/results.json`` of ``reterm.eval.drills``).
 
     ``summary.json`` holds, per model, ``pass_at_1`` and ``recovery_at_1`` (each ``{"drills_id",
     "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``), ``valid_tool_call_rate``, and for the two GRPO
@@ -999,7 +999,7 @@ def summary(run_dir: Path, stage_order: list[str]) -> int:
     run_dir = Path(run_dir)
     write_plots(run_dir, stage_order)
     results = _load_json(run_dir / "eval" / "results.json") or {}
-    if isinstance(results.get("models"), dict):  # the drills evaluation (eval.drills)
+    if isinstance(results.get("models"), dict):  # the drills evaluation (reterm.eval.drills)
         md, data = build_drills_summary(run_dir, stage_order)
     else:
         md, data = build_summary(run_dir, stage_order)

@@ -1,118 +1,14 @@
-"""Build the held-out failure-state set of the test split: ``eval/states/test_split.jsonl``.
+"""``python eval/states/build_states.py``: write the held-out failure states ``eval/states/test_split.jsonl``.
 
-Recovery from recorded failure states (Recovery-Bench style, :mod:`eval.recovery`) compares checkpoints
-on the *same* states; states mined from each model's own trials differ per model (and SmolLM2, the
-embedded default, rarely runs a command at all). This file gives every checkpoint the same states on
-the test split of ``tasks/`` (never used for data or training).
-
-Each state is a short command prefix that makes the natural mistake its task was designed to provoke
-(``tasks/README.md``, "Error categories"). The prefix is run for real through this kit's one harness
-(:func:`reterm.agent.episode.run_episode` with a :class:`~reterm.policies.scripted.ScriptedPolicy`) in a
-fresh local sandbox, so the observations are the harness's own; the task's verifier must still fail
-there, and :func:`reterm.recovery.localise.localise` (rules) must find the failure state at the last
-step: its category is the localiser's, not a hand label. Rows have the ReTerm-10K layout
-(:data:`reterm.records.FEATURES`; ``failure_source = "injected"``, ``injection`` says where the prefix
-comes from), so :func:`eval.recovery.states_from_records` reads them like pipeline records.
-
-Run (about a minute): ``python -m eval.states.build_states [--tasks tasks] [--out eval/states/test_split.jsonl]``.
-Raises ``RuntimeError`` naming the task when a prefix does not end in a failure state.
+Run from the repository root; the code is :mod:`reterm.eval.states` (also ``python -m reterm.eval.states`` from anywhere).
 """
 
-from __future__ import annotations
-
-import argparse
-import asyncio
-import hashlib
-import json
-import os
 import sys
 from pathlib import Path
 
-# (task, prefix commands, per-command timeout in seconds); the last command is the mistake.
-PREFIXES: list[tuple[str, list[str], float | None]] = [
-    ("fix-makefile-build", ["cd /app", "make"], None),
-    ("fix-makefile-build", ["cd /app", "sed -i 's/^        \\$(PYTHON)/\\t$(PYTHON)/' Makefile", "make"], None),
-    ("git-recover-reset-commits", ["cd /app/repo", "git --no-pager log --oneline -3", "git pull origin main"], None),
-    ("job-as-service-user", ["runuser -u svc -- python3 /app/job.py",
-                             "runuser -u svc -- cat /etc/myapp/settings.ini"], None),
-    ("offline-wheel-install", ["cd /app", "python3 -m venv /app/.venv",
-                               "/app/.venv/bin/pip install -r /app/requirements.txt"], 120.0),
-    ("release-hooks", ["cd /app", "/app/run-hooks.sh", "/app/hooks.d/20-migrate.sh"], None),
-    ("sales-report-json", ["ls /data/sales", "head -3 /data/sales/2024-01.csv",
-                           "python3 -c \"import pandas as pd; print(pd.read_csv('/data/sales/2024-01.csv').head())\""], None),
-    ("semver-sort", ["cd /app", "printf 'import sys\\nvs = [l.strip() for l in sys.stdin if l.strip()]\\n"
-                     "for v in sorted(vs, key=lambda v: tuple(map(int, v.split(\".\")))):\\n    print(v)\\n' "
-                     "> /app/semver_sort.py", "python3 /app/semver_sort.py < /app/versions.txt"], None),
-    ("sqlite-import-csv", ["cd /app", "head -3 /data/customers.csv",
-                           "sqlite3 /app/shop.db \".import /data/customers.csv customers\""], None),
-    ("start-health-service", ["cd /app/service", "cp config.env.example config.env", "python3 app.py"], 10.0),
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's reterm/ when run as a script
 
-INJECTION = "hand-written failure prefix (eval/states/build_states.py)"
-
-
-async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float | None) -> dict:
-    from reterm.agent.episode import run_episode
-    from reterm.agent.protocol import TOOLS
-    from reterm.policies.scripted import ScriptedPolicy
-    from reterm.recovery.localise import localise
-    from reterm.records import normalise_message
-    from reterm.sandbox.local import LocalEnvironment
-    from reterm.trajectory import Outcome, Trajectory
-
-    task_dir = tasks / task
-    env = LocalEnvironment.for_task(task_dir)
-    try:
-        await env.start(force_build=False)
-        traj = await run_episode(ScriptedPolicy(commands, submit=False, timeout=timeout, name="prefix"),
-                                 env, task_dir, max_turns=len(commands))
-    finally:
-        await env.stop(delete=True)
-    if traj.outcome is not Outcome.FAILURE:
-        raise RuntimeError(f"{task}: the prefix {commands} ends in {traj.outcome.value}, not a failed verifier")
-    states = [s for s in localise(traj).states if s.step == len(commands) - 1]
-    if not states:
-        raise RuntimeError(f"{task}: no failure state at the last command {commands[-1]!r} "
-                           f"(observation: {traj.steps[-1].observation[:300]!r})")
-    state = states[0]
-    prefix = Trajectory(task_id=traj.task_id, instruction=traj.instruction, system_prompt=traj.system_prompt,
-                        steps=state.history)
-    messages = [normalise_message(m) for m in prefix.to_messages()]
-    rid = hashlib.sha256(json.dumps([task, commands], sort_keys=True).encode()).hexdigest()[:16]
-    return {
-        "id": rid, "task_id": task, "task_license": "Apache-2.0", "instruction": traj.instruction,
-        "messages": messages, "tools": json.dumps(TOOLS), "train_from_message_index": len(messages),
-        "failure_step": state.step, "failure_category": state.category, "failure_source": "injected",
-        "injection": INJECTION, "failure_command": state.command or "", "failure_output": state.output,
-        "replay_commands": state.replay_commands, "verifier_reward": float(traj.reward or 0.0), "attempts": 0,
-        "successful_attempts": 0, "recovery_turns": 0, "source_policy": "prefix", "teacher": "",
-        "trajectory_id": rid,
-    }  # fmt: skip
-
-
-def build(tasks: Path, out: Path) -> list[dict]:
-    """Run every prefix of :data:`PREFIXES` and write the rows (JSON Lines) to ``out``; returns them."""
-    from tqdm import tqdm
-
-    rows = [asyncio.run(_state_row(tasks, t, c, to)) for t, c, to in tqdm(PREFIXES, desc="failure states", unit="state")]
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    os.replace(tmp, out)  # atomic
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m eval.states.build_states``: write the state set and print one line per state."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", type=Path, default=Path("tasks"))
-    p.add_argument("--out", type=Path, default=Path(__file__).with_name("test_split.jsonl"))
-    a = p.parse_args(argv)
-    rows = build(a.tasks, a.out)
-    for r in rows:
-        print(f"{r['task_id']:<28} {r['failure_category']:<22} {r['failure_command'][:60]}")
-    print(f"{len(rows)} failure states -> {a.out}")
-    return 0
-
+from reterm.eval.states import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

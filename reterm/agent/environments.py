@@ -1,5 +1,5 @@
 """A Harbor environment for one task outside a Harbor trial: ``reterm run``, GRPO's replay forks, and the
-data pipeline's recovery attempts (``pipeline/environments.py`` adapts its YAML ``environment:`` to this).
+data pipeline's recovery attempts (``reterm/data/environments.py`` adapts its YAML ``environment:`` to this).
 
 ``kind`` is ``local`` (this kit's sandbox), a Harbor environment type (``docker``, ``daytona``, ...) or an
 import path ``module:Class``; the environment is built with Harbor's own

@@ -21,12 +21,12 @@ passed to the policy, e.g. sampling parameters).
 
 Offline, LiteLLM retries fetching its model-cost map for about 19 s per run (warnings after the
 results) unless ``LITELLM_LOCAL_MODEL_COST_MAP=True``: the kit's entry points (``reterm``,
-``train/run_all.sh``, ``eval.run``, the Space) set it, and so does importing this module (Harbor loads
+``train/run_all.sh``, ``reterm.eval.run``, the Space) set it, and so does importing this module (Harbor loads
 the agent before it imports LiteLLM), unless the caller chose a value.
 
 Infrastructure faults of the episode (model endpoint, sandbox, harness) are raised after the
 trajectory is written, so Harbor records them in ``result.json`` (``exception_info``) and
-:func:`eval.metrics.classify_trial` keeps them out of the scores.
+:func:`reterm.eval.metrics.classify_trial` keeps them out of the scores.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The failure state is one :class:`reterm.recovery.localise.FailureState` with ``l
 its ``category`` is the localiser's (the first consequential failing step), or the task's declared category
 when the localiser finds no failing step (e.g. only parse errors).
 
-Used by the drills data builder (:mod:`pipeline.drills`), the drills evaluation (:mod:`eval.drills`) and the
+Used by the drills data builder (:mod:`reterm.data.drills`), the drills evaluation (:mod:`reterm.eval.drills`) and the
 failure-state pool of ReTerm-GRPO. Runs on the local sandbox (:class:`reterm.sandbox.local.LocalEnvironment`),
 the only environment here that snapshots; elsewhere a state is rebuilt by replaying ``replay_commands``.
 """

@@ -10,7 +10,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import ConfigError, TasksConfig, resolve_path
+from reterm.data.config import ConfigError, TasksConfig, resolve_path
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
     FOLDER/
       data/{split}-{i:05d}-of-{n:05d}.parquet   rows with reterm.records.FEATURES
-      stats.json                               dataset_card.stats.DatasetStats
+      stats.json                               reterm.data.dataset_stats.DatasetStats
       README.md                                the card (written by ``reterm publish``, not here)
 
 ``load_dataset(FOLDER)`` and, once uploaded, ``load_dataset("org/name")`` read every split; the card's
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from dataset_card.stats import DatasetStats
+from reterm.data.dataset_stats import DatasetStats
 from reterm.trajectory import write_json_atomic
 
 # datasets' default max_shard_size for push_to_hub.

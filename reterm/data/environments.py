@@ -1,7 +1,7 @@
 """Environments for one task outside a Harbor trial: the local sandbox, or any Harbor environment.
 
 The rollout stage lets Harbor's ``Job`` make its environments (:func:`harbor_environment_config`, the same
-translation as the evaluation's :func:`eval.run.harbor_environment`); recovery attempts and injected runs
+translation as the evaluation's :func:`reterm.eval.run.harbor_environment`); recovery attempts and injected runs
 need environments of their own (a failure state is rebuilt in a fresh one), built here from the YAML
 ``environment:`` by the kit's one builder, :func:`reterm.agent.environments.make_environment`. ``local`` is
 :class:`reterm.sandbox.local.LocalEnvironment` (snapshot + fork); a recipe names environments the same way
@@ -16,14 +16,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import EnvironmentConfig
+from reterm.data.config import EnvironmentConfig
 
 _TRIAL_PREFIX = "reterm-pipeline-"  # trial folders of make_environment (removed by stop_quietly)
 
 
 def harbor_environment_config(spec: EnvironmentConfig) -> Any:
     """Harbor's trial ``EnvironmentConfig`` for ``spec`` (``local`` = the kit's sandbox class)."""
-    from eval.run import EnvironmentSpec, harbor_environment
+    from reterm.eval.run import EnvironmentSpec, harbor_environment
 
     return harbor_environment(EnvironmentSpec(type=spec.type, kwargs=dict(spec.kwargs)))
 

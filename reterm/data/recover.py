@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import EnvironmentConfig, RecoveryConfig
-from pipeline.environments import can_fork, make_environment, stop_quietly
+from reterm.data.config import EnvironmentConfig, RecoveryConfig
+from reterm.data.environments import can_fork, make_environment, stop_quietly
 from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.terminal import TerminalSession
 from reterm.recovery import FailureState

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import EnvironmentConfig
-from pipeline.environments import make_environment, stop_quietly
+from reterm.data.config import EnvironmentConfig
+from reterm.data.environments import make_environment, stop_quietly
 
 
 def record_actions(record: dict[str, Any]) -> list[tuple[str, float | None, bool]]:

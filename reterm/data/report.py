@@ -33,7 +33,7 @@ def plots(folder: Path, kept: list[dict[str, Any]], per_category: dict[str, dict
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.filters import record_chars
+    from reterm.data.filters import record_chars
 
     folder.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
@@ -80,8 +80,8 @@ def plots(folder: Path, kept: list[dict[str, Any]], per_category: dict[str, dict
 
 
 def markdown(info: dict[str, Any]) -> str:
-    """The report text from the build's summary dict (see :func:`pipeline.build.build`)."""
-    from pipeline.filters import record_chars
+    """The report text from the build's summary dict (see :func:`reterm.data.build.build`)."""
+    from reterm.data.filters import record_chars
 
     kept = info["kept"]
     per_category = info["per_category"]

@@ -8,7 +8,7 @@ and the result does not depend on the order records were produced in.
 - **Quality** (:func:`quality_problem`): too many recovery turns or characters, a command repeated more
   than ``max_repeats`` times in the recovery, recovery turns the harness could not parse, and (when
   configured) recoveries that merely restart from scratch (they begin by re-running the prefix's own
-  first commands). A failed replay check (:mod:`pipeline.build`) is counted here too.
+  first commands). A failed replay check (:mod:`reterm.data.build`) is counted here too.
 - **Exact duplicates**: the same record id (a hash of task and messages).
 - **Near duplicates** (:class:`NearDuplicates`): among records of the same task and failure category,
   MinHash over shingles of what the record teaches (3-grams of the tokens of the failing command, its
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.config import FiltersConfig
+from reterm.data.config import FiltersConfig
 
 _TOKEN = re.compile(r"[A-Za-z0-9_./:=+-]+")
 _WORD = re.compile(r"[a-z0-9_]+")

@@ -1,6 +1,6 @@
 """The model card's inputs: evaluation ``results.json`` and TRL training recipes.
 
-``results.json`` is written by :mod:`eval.report` (schema ``reterm-eval/1``); :class:`EvalResults` is the
+``results.json`` is written by :mod:`reterm.eval.report` (schema ``reterm-eval/1``); :class:`EvalResults` is the
 subset the card reads, validated so that a malformed file fails with the file and field named::
 
     {

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.config import FailuresConfig
+from reterm.data.config import FailuresConfig
 from reterm.recovery import Classifier, FailureState, LLMJudge, localise_many
 from reterm.trajectory import Trajectory
 

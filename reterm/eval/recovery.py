@@ -19,7 +19,7 @@
    least one attempt. Only this kit's agent can start from a history (Harbor's Terminus-2 cannot).
 
 Both give ``{category: {"failure_states", "recovered", "rate", ...}}`` blocks for ``results.json``
-(:mod:`eval.report`). Infrastructure faults are never successes or failures: they are counted apart.
+(:mod:`reterm.eval.report`). Infrastructure faults are never successes or failures: they are counted apart.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eval.metrics import TrialScore
+from reterm.eval.metrics import TrialScore
 
 
 def recovery_in_trials(trials: Iterable[TrialScore], scope: str = "all") -> dict[str, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """``stats.json``: the numbers the data pipeline reports next to the ReTerm-10K parquet shards.
 
-The pipeline (``pipeline/``) writes it with :func:`dataset_card.layout.write_dataset_folder`; the
-dataset card (:mod:`dataset_card.render`) reads it. Counts are plain integers, rates are derived here
+The pipeline (``pipeline/``) writes it with :func:`reterm.data.layout.write_dataset_folder`; the
+dataset card (:mod:`reterm.cards.dataset`) reads it. Counts are plain integers, rates are derived here
 (never stored), so the file cannot disagree with itself. :class:`DatasetStats` checks that the totals
 agree (records per split = per category = per source = kept after the filters) and the renderer checks
 them against the parquet shards.

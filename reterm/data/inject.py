@@ -269,11 +269,11 @@ async def run_commands(task_dir: Any, commands: list[str], environment: Any, tim
                        instruction: str | None = None) -> Trajectory:  # fmt: skip
     """Type ``commands`` (then submit) into a fresh environment through the harness and verify.
 
-    ``environment`` is a :class:`pipeline.config.EnvironmentConfig`; every command gets ``timeout``
+    ``environment`` is a :class:`reterm.data.config.EnvironmentConfig`; every command gets ``timeout``
     seconds (written into its tool call, so a replay applies it). Returns the scored trajectory (or one
     with an infrastructure-fault outcome); the environment is always stopped.
     """
-    from pipeline.environments import make_environment, stop_quietly
+    from reterm.data.environments import make_environment, stop_quietly
     from reterm.agent.episode import EpisodeSpec, run_episodes
     from reterm.policies.scripted import ScriptedPolicy
 

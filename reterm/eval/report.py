@@ -35,8 +35,8 @@
       ]
     }
 
-Definitions of every number: :mod:`eval.metrics` (Pass@1, stderr, pass@k, faults) and
-:mod:`eval.recovery` (recovery rates). ``report.md`` holds the same numbers as markdown tables;
+Definitions of every number: :mod:`reterm.eval.metrics` (Pass@1, stderr, pass@k, faults) and
+:mod:`reterm.eval.recovery` (recovery rates). ``report.md`` holds the same numbers as markdown tables;
 ``pass_rate.png`` (Pass@1 per model with ±stderr error bars) and ``recovery_rate.png`` (recovery rate
 per error category per model) are drawn with matplotlib.
 """

@@ -28,15 +28,15 @@ from typing import Any
 
 from harbor.environments.base import BaseEnvironment
 
-from pipeline.config import PipelineConfig
-from pipeline.tasks import TaskInfo
+from reterm.data.config import PipelineConfig
+from reterm.data.tasks import TaskInfo
 from reterm.agent.harbor import ReTermAgent
 from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger(__name__)
 
 RETERM_AGENT = "reterm.agent.harbor:ReTermAgent"
-SCRIPTED_AGENT = "pipeline.rollout:ScriptedReTermAgent"
+SCRIPTED_AGENT = "reterm.data.rollout:ScriptedReTermAgent"
 JOB_NAME = "rollout"
 
 
@@ -84,7 +84,7 @@ def job_config(cfg: PipelineConfig, tasks: list[TaskInfo], jobs_dir: Path) -> An
     from harbor.models.job.config import DatasetConfig, JobConfig, RetryConfig
     from harbor.models.trial.config import AgentConfig
 
-    from pipeline.environments import harbor_environment_config
+    from reterm.data.environments import harbor_environment_config
 
     r = cfg.rollout
     kwargs: dict[str, Any] = {"max_turns": r.max_turns, "command_timeout": r.command_timeout}
@@ -141,7 +141,7 @@ def run_rollouts(cfg: PipelineConfig, tasks: list[TaskInfo], jobs_dir: Path) -> 
     A job folder whose Harbor files were cut by a kill is discarded and run again (its trials cannot be
     matched to the config any more, and keeping them would duplicate episodes).
     """
-    from eval.run import quiet_offline_litellm
+    from reterm.eval.run import quiet_offline_litellm
 
     job_dir = jobs_dir / JOB_NAME
     if job_dir.exists() and not _job_folder_usable(job_dir):

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "smoke.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs and tasks are relative to it
+DEFAULT_CONFIG = REPO_ROOT / "pipeline" / "configs" / "smoke.yaml"
 
 # In the order perturbations are drawn per task (round robin): the kinds that apply to few steps first.
 INJECTION_KINDS = ("bug_in_file", "removed_dependency", "foreground_hang", "wrong_flag", "wrong_path",
@@ -121,7 +121,7 @@ class InjectionConfig(_Strict):
         enabled: run the stage.
         sources: successful trajectories to perturb: ``reference`` (the task's solution run through the
             harness by the scripted oracle) and/or ``rollouts`` (the policy's own successes).
-        kinds: perturbations to use (see :mod:`pipeline.inject`).
+        kinds: perturbations to use (see :mod:`reterm.data.inject`).
         per_task: perturbations tried per task (spread over the kinds, seeded).
         command_timeout: timeout of every command of an injected run (seconds).
     """
@@ -145,7 +145,7 @@ class RecoveryConfig(_Strict):
 
     Args:
         policy: ``oracle-guided`` (offline teacher: a diagnosis from the observed error and its category,
-            then the task's reference solution, :mod:`pipeline.teacher`), ``self`` (the rollout policy),
+            then the task's reference solution, :mod:`reterm.data.teacher`), ``self`` (the rollout policy),
             or any :func:`reterm.policies.load_policy` spec (``openai:MODEL`` for a teacher endpoint).
         policy_kwargs: constructor arguments of that policy.
         attempts: N recovery attempts per failure state.

@@ -5,8 +5,8 @@
   :func:`reterm.records.normalise_message`): the failure prefix, then the recovery, ``train_from_message_index``
   pointing at the first recovery message. Its ``id`` is a hash of task and messages, so identical
   records share it.
-- The folder is written by :func:`dataset_card.layout.write_dataset_folder` (``data/train-*.parquet`` +
-  ``stats.json``, :class:`dataset_card.stats.DatasetStats`); ``datasets.load_dataset(FOLDER)`` loads it.
+- The folder is written by :func:`reterm.data.layout.write_dataset_folder` (``data/train-*.parquet`` +
+  ``stats.json``, :class:`reterm.data.dataset_stats.DatasetStats`); ``datasets.load_dataset(FOLDER)`` loads it.
 - Failed attempts go to ``failed_attempts/attempts-00000-of-00001.parquet`` with the same columns
   (``verifier_reward`` 0): for analysis and as GRPO failure states. ``load_dataset(FOLDER)`` reads only
   ``data/``; ``load_dataset("parquet", data_files=FOLDER/failed_attempts/*.parquet)`` reads them.
@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import PipelineConfig
-from pipeline.recover import WorkItem
-from pipeline.tasks import TaskInfo
+from reterm.data.config import PipelineConfig
+from reterm.data.recover import WorkItem
+from reterm.data.tasks import TaskInfo
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.records import FEATURES, release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
@@ -142,7 +142,7 @@ def build_stats(cfg: PipelineConfig, kept: list[dict[str, Any]], splits: dict[st
                 per_category: dict[str, dict[str, int]],
                 rollouts: dict[str, int], infra_faults: int, funnel: dict[str, int], benchmarks: list[str],
                 decon_method: str, tasks: list[TaskInfo], policy: str, teacher: str) -> dict[str, Any]:  # fmt: skip
-    """The ``stats.json`` dict (validated by :class:`dataset_card.stats.DatasetStats` when written);
+    """The ``stats.json`` dict (validated by :class:`reterm.data.dataset_stats.DatasetStats` when written);
     ``splits`` is :func:`split_records` of ``kept``."""
     records_per_cat = Counter(r["failure_category"] for r in kept)
     categories = {}
@@ -207,7 +207,7 @@ def write_output(output: Path, splits: dict[str, list[dict[str, Any]]], failed: 
                  stats: dict[str, Any], cfg: PipelineConfig) -> dict[str, Any]:  # fmt: skip
     """Write the dataset folder (``splits``: :func:`split_records`), the failed attempts, the run's config
     and versions. Returns the paths."""
-    from dataset_card.layout import write_dataset_folder
+    from reterm.data.layout import write_dataset_folder
 
     shards = write_dataset_folder(output, splits, stats)
     failed_path = write_parquet(failed, output / FAILED_DIR / "attempts-00000-of-00001.parquet")

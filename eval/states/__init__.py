@@ -1,1 +1,0 @@
-"""Held-out failure states for recovery evaluation (see build_states.py)."""

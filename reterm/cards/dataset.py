@@ -1,0 +1,378 @@
+"""Render the ReTerm-10K dataset card from the pipeline's published folder.
+
+Inputs (the folder :mod:`reterm.data.layout` describes): ``data/{split}-*.parquet`` with
+:data:`reterm.records.FEATURES` and ``stats.json`` (:class:`reterm.data.dataset_stats.DatasetStats`; the run's
+config is its ``config`` field). Output: a ``huggingface_hub.DatasetCard`` whose metadata carries the
+licence, task categories, tags, size category, language, ``configs`` (one ``data/{split}-*`` pattern per
+split, for the dataset viewer and ``load_dataset``) and ``dataset_info`` (features and split sizes, as
+``push_to_hub`` writes them); its body (``templates/dataset.md``) explains how the data was made, the schema with a
+worked example, per-category counts and recovery rates, the filter funnel, decontamination, source
+licences, limitations and a citation.
+
+The renderer cross-checks ``stats.json`` against the shards (splits, row counts, schema, records per
+failure category and per failure source) and validates the metadata with
+:func:`reterm.hub_metadata.validate_card_metadata`; any disagreement raises ``ValueError`` naming the file
+and field, before anything is uploaded.
+
+Command line (writes the card next to the data, or to ``--out``)::
+
+    python -m reterm.cards.dataset FOLDER --repo-id ORG/NAME [--out README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import DatasetCard, DatasetCardData
+
+from reterm.data.layout import dataset_shards
+from reterm.data.dataset_stats import DatasetStats, load_stats
+from reterm.hub_metadata import check_readme, size_category
+
+TEMPLATE = Path(__file__).with_name("templates") / "dataset.md"
+
+TAGS = ["agent", "terminal", "tool-use", "error-recovery", "trajectories", "sft", "grpo", "reterm"]
+
+# What each column holds (the card's schema table). Kept next to the card; a test checks that every
+# column of reterm.records.FEATURES is described here.
+COLUMN_DOCS: dict[str, str] = {
+    "id": "stable content hash of the record (identical records share it)",
+    "task_id": "id of the terminal task the episode ran on",
+    "task_license": "licence of the task's source collection",
+    "instruction": "the task instruction given to the agent",
+    "messages": "the whole conversation: system, user instruction, assistant tool calls, tool observations",
+    "tools": "JSON of the tool schemas the conversation used (`bash`, `submit`)",
+    "train_from_message_index": "index in `messages` of the first assistant message of the recovery",
+    "failure_step": "index (0-based) of the failing step among the agent's steps",
+    "failure_category": "error category of the failing step (ReTerm taxonomy id)",
+    "failure_source": "`own` (the policy's own failure) or `injected` (a perturbed prefix)",
+    "injection": "what was perturbed, for injected failures; else empty",
+    "failure_command": "the failing step's command",
+    "failure_output": "the failing step's observation, truncated as the model saw it",
+    "replay_commands": "bash commands of the prefix, to rebuild the failure state by replay",
+    "verifier_reward": "the task verifier's reward for the recovery (1.0 = pass)",
+    "attempts": "recovery attempts forked from this failure state",
+    "successful_attempts": "attempts the verifier accepted",
+    "recovery_turns": "assistant turns in the recovery",
+    "source_policy": "the policy whose rollout failed",
+    "teacher": "the policy that wrote the kept recovery",
+    "trajectory_id": "id of the rollout the failure state came from",
+}
+
+
+def _cell(text: Any, limit: int = 160) -> str:
+    """One markdown table cell: single line, pipes escaped, truncated to ``limit`` characters."""
+    s = str(text).replace("\r", "")
+    s = s if len(s) <= limit else s[: limit - 1] + "…"
+    return s.replace("|", "\\|").replace("\n", "<br>")
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _category_label(cat: str) -> str:
+    return cat.replace("_", " ")
+
+
+def _category_definitions(categories: list[str]) -> dict[str, str]:
+    """One-line definitions of the taxonomy ids (:mod:`reterm.recovery.taxonomy`), first clause only."""
+    try:
+        from reterm.recovery.taxonomy import DEFINITIONS
+    except ImportError:  # the taxonomy module is optional for rendering
+        return {}
+    by_id = {getattr(k, "value", str(k)): v for k, v in DEFINITIONS.items()}
+    return {c: by_id[c].split(":")[0].split(" (")[0] for c in categories if c in by_id}
+
+
+# ------------------------------------------------------------------------------------- checks
+def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Counter, Counter, dict[str, Any], dict[str, int]]:
+    """Row counts per split, records per category and per failure source, one example record, and sizes
+    (``{split: Arrow bytes}`` plus ``"download_size"``: bytes of the parquet files).
+
+    Raises ``ValueError`` when the shards disagree with ``stats`` or with ``reterm.records.FEATURES``.
+    """
+    import pyarrow.parquet as pq
+    from datasets import Features
+
+    from reterm.records import FEATURES
+
+    shards = dataset_shards(folder)
+    if set(shards) != set(stats.splits):
+        raise ValueError(
+            f"{folder}: splits in data/ ({sorted(shards)}) differ from stats.json splits ({sorted(stats.splits)})"
+        )
+    rows: dict[str, int] = {}
+    sizes: dict[str, int] = {"download_size": 0}
+    categories: Counter = Counter()
+    sources: Counter = Counter()
+    example: dict[str, Any] | None = None
+    example_split = "train" if "train" in shards else sorted(shards)[0]
+    for split, paths in sorted(shards.items()):
+        rows[split] = 0
+        for path in paths:
+            schema = pq.read_schema(path)
+            features = Features.from_arrow_schema(schema)
+            if features != FEATURES:
+                missing = sorted(set(FEATURES) - set(features))
+                extra = sorted(set(features) - set(FEATURES))
+                changed = sorted(k for k in set(FEATURES) & set(features) if FEATURES[k] != features[k])
+                raise ValueError(
+                    f"{path}: columns differ from reterm.records.FEATURES "
+                    f"(missing {missing}, unexpected {extra}, different types {changed})"
+                )
+            table = pq.read_table(path)
+            rows[split] += table.num_rows
+            sizes[split] = sizes.get(split, 0) + table.nbytes
+            sizes["download_size"] += path.stat().st_size
+            categories.update(table.column("failure_category").to_pylist())
+            sources.update(table.column("failure_source").to_pylist())
+            if split == example_split:
+                example = _pick_example(table.to_pylist(), example)
+        if rows[split] != stats.splits[split]:
+            raise ValueError(f"{folder}: split {split!r} has {rows[split]} rows, stats.json says {stats.splits[split]}")
+    want = {c: s.records for c, s in stats.categories.items() if s.records}
+    if dict(categories) != want:
+        raise ValueError(f"{folder}: records per failure_category in data/ {dict(categories)} != stats.json {want}")
+    want_sources = {k: v for k, v in stats.failure_sources.items() if v}
+    if dict(sources) != want_sources:
+        raise ValueError(f"{folder}: records per failure_source in data/ {dict(sources)} != stats.json {want_sources}")
+    assert example is not None
+    return rows, categories, sources, example, sizes
+
+
+def _pick_example(records: list[dict[str, Any]], best: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The worked example: the shortest conversation that fails and then recovers (ties: smallest id)."""
+
+    def key(r: dict[str, Any]) -> tuple[int, int, str]:
+        return (len(r["messages"]), sum(len(m["content"]) for m in r["messages"]), r["id"])
+
+    for r in records:
+        if 0 < r["train_from_message_index"] < len(r["messages"]) and (best is None or key(r) < key(best)):
+            best = r
+    return best
+
+
+# --------------------------------------------------------------------------------- sections
+def _example_markdown(record: dict[str, Any]) -> str:
+    """The worked example: every message in order, the failing step and the recovery marked."""
+    from reterm.agent.protocol import SYSTEM_PROMPT
+
+    out = []
+    assistant_steps = -1
+    for i, m in enumerate(record["messages"]):
+        if i == record["train_from_message_index"]:
+            out.append(f"> ⤵ **recovery starts here** (`train_from_message_index` = {i}): training targets are the assistant turns below.\n")
+        role = m["role"]
+        if role == "system":
+            same = "the kit's system prompt (`reterm.agent.protocol.SYSTEM_PROMPT`)" if m["content"] == SYSTEM_PROMPT else ""
+            text = same or _fence(m["content"], 400)
+            out.append(f"**[{i}] system**: {text}\n")
+            continue
+        if role == "user":
+            out.append(f"**[{i}] user**:\n\n{_quote(m['content'])}\n")
+            continue
+        if role == "assistant":
+            assistant_steps += 1
+            marker = " ❌ *failing step*" if assistant_steps == record["failure_step"] else ""
+            head = f"**[{i}] assistant** (step {assistant_steps}){marker}"
+            body = [_quote(m["content"])] if m["content"] else []
+            for call in m["tool_calls"]:
+                args = call["function"]["arguments"]
+                try:
+                    parsed = json.loads(args or "{}")
+                except json.JSONDecodeError:
+                    parsed = {}
+                if call["function"]["name"] == "bash" and "command" in parsed:
+                    body.append(f"calls `bash`:\n\n{_fence(parsed['command'], 600, 'bash')}")
+                else:
+                    body.append(f"calls `{call['function']['name']}` with `{args}`")
+            out.append(head + ":\n\n" + "\n\n".join(body) + "\n")
+            continue
+        out.append(f"**[{i}] {role}**" + (f" (`{m['name']}`)" if m["name"] else "") + ":\n\n" + _fence(m["content"], 800) + "\n")
+    return "\n".join(out)
+
+
+def _quote(text: str) -> str:
+    return "\n".join("> " + line if line else ">" for line in text.strip().splitlines()) or "> (empty)"
+
+
+def _fence(text: str, limit: int, lang: str = "text") -> str:
+    text = text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
+    fence = "````" if "```" in text else "```"
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def _schema_rows() -> list[tuple[str, str, str]]:
+    from reterm.records import FEATURES
+
+    def type_name(feature: Any) -> str:
+        name = type(feature).__name__
+        if name == "Value":
+            return feature.dtype
+        if name == "List":
+            return f"list[{type_name(feature.feature)}]"
+        if isinstance(feature, dict):
+            return "{" + ", ".join(f"{k}: {type_name(v)}" for k, v in feature.items()) + "}"
+        return name
+
+    missing = [c for c in FEATURES if c not in COLUMN_DOCS]
+    if missing:
+        raise ValueError(f"reterm.cards.dataset.COLUMN_DOCS lacks a description of columns {missing}")
+    return [(col, type_name(FEATURES[col]), COLUMN_DOCS[col]) for col in FEATURES]
+
+
+def _example_fields(record: dict[str, Any]) -> list[tuple[str, str]]:
+    skip = {"messages", "tools", "instruction"}
+    return [(k, _cell(v if not isinstance(v, float) else f"{v:g}", 120)) for k, v in record.items() if k not in skip]
+
+
+# ------------------------------------------------------------------------------------- render
+def card_metadata(stats: DatasetStats, rows: dict[str, int], sizes: dict[str, int] | None = None) -> DatasetCardData:
+    """The card's YAML metadata (see the module docstring); ``sizes`` as returned by ``_read_shards``."""
+    from datasets import DatasetInfo, SplitDict, SplitInfo
+    from datasets.info import DatasetInfosDict
+    from datasets.utils.metadata import MetadataConfigs
+
+    from reterm.records import FEATURES
+
+    data = DatasetCardData(
+        pretty_name=stats.name,
+        license=stats.license,
+        language=stats.language,
+        task_categories=["text-generation"],
+        tags=TAGS,
+        size_categories=[size_category(stats.records)],
+        annotations_creators=["machine-generated"],
+        language_creators=["machine-generated"],
+        multilinguality=["monolingual"],
+        source_datasets=["original"],
+    )
+    MetadataConfigs(
+        {"default": {"data_files": [{"split": s, "path": f"data/{s}-*"} for s in _split_order(rows)]}}
+    ).to_dataset_card_data(data)
+    sizes = sizes or {}
+    splits = SplitDict()
+    for s in _split_order(rows):
+        splits.add(SplitInfo(name=s, num_examples=rows[s], num_bytes=sizes.get(s, 0)))
+    info = DatasetInfo(
+        features=FEATURES,
+        splits=splits,
+        download_size=sizes.get("download_size"),
+        dataset_size=sum(sizes.get(s, 0) for s in rows) or None,
+    )
+    DatasetInfosDict({"default": info}).to_dataset_card_data(data)
+    return data
+
+
+def _split_order(rows: dict[str, int]) -> list[str]:
+    order = {"train": 0, "validation": 1, "test": 2}
+    return sorted(rows, key=lambda s: (order.get(s, 3), s))
+
+
+def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
+    """Render the card of the dataset folder ``folder`` to be published as ``repo_id``.
+
+    Args:
+        folder: the pipeline's output folder (``data/*.parquet`` + ``stats.json``).
+        repo_id: the Hub id (``ORG/NAME``) the card will live at (used in the usage snippet and citation).
+
+    Returns:
+        The card; ``str(card)`` is the README.md text, and ``DatasetCard(str(card))`` parses it back.
+
+    Raises:
+        FileNotFoundError: no ``stats.json`` or no shards.
+        ValueError: stats and shards disagree, or the metadata is invalid (message names the field).
+    """
+    folder = Path(folder)
+    if repo_id.count("/") != 1:
+        raise ValueError(f"repo_id must be ORG/NAME, got {repo_id!r}")
+    stats = load_stats(folder / "stats.json")
+    rows, categories, sources, example, sizes = _read_shards(folder, stats)
+    card_data = card_metadata(stats, rows, sizes)
+
+    total = stats.records
+    cat_names = sorted(stats.categories, key=lambda c: (-stats.categories[c].records, c))
+    definitions = _category_definitions(cat_names)
+    category_rows = [
+        {
+            "name": c,
+            "label": _category_label(c),
+            "records": s.records,
+            "share": _pct(s.records / total if total else None),
+            "failure_states": s.failure_states,
+            "attempts": s.attempts,
+            "successful": s.successful_attempts,
+            "rate": _pct(s.recovery_rate),
+            "definition": _cell(definitions.get(c, ""), 200),
+        }
+        for c, s in ((c, stats.categories[c]) for c in cat_names)
+    ]
+    totals = {
+        "failure_states": sum(s.failure_states for s in stats.categories.values()),
+        "attempts": sum(s.attempts for s in stats.categories.values()),
+        "successful": sum(s.successful_attempts for s in stats.categories.values()),
+        "rate": _pct(stats.recovery_rate),
+    }
+    config_yaml = yaml.safe_dump(stats.config, sort_keys=False, allow_unicode=True).strip() if stats.config else ""
+    year = stats.created[:4]
+    key = repo_id.split("/")[1].lower().replace("-", "").replace(".", "").replace("_", "")
+    citation = stats.citation or (
+        f"@misc{{{key}{year},\n"
+        f"  title        = {{{{{stats.name}}}: verified recoveries of terminal agents from their own failures}},\n"
+        f"  year         = {{{year}}},\n"
+        f"  note         = {{Version {stats.version}, built with the ReTerm kit}},\n"
+        f"  howpublished = {{\\url{{https://huggingface.co/datasets/{repo_id}}}}}\n"
+        "}"
+    )
+    licences = sorted({s.license for s in stats.sources})
+    card = DatasetCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        repo_id=repo_id,
+        stats=stats,
+        total=total,
+        splits=[(s, rows[s]) for s in _split_order(rows)],
+        categories=category_rows,
+        category_totals=totals,
+        failure_sources=sorted(stats.failure_sources.items(), key=lambda kv: -kv[1]),
+        schema=_schema_rows(),
+        example=example,
+        example_fields=_example_fields(example),
+        example_markdown=_example_markdown(example),
+        example_category=_category_label(example["failure_category"]),
+        config_yaml=config_yaml,
+        citation=citation,
+        source_licences=licences,
+        pct=_pct,
+    )
+    check_readme(str(card), "dataset", where=f"dataset card of {folder}")
+    return card
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reterm.cards.dataset FOLDER --repo-id ORG/NAME [--out PATH]``."""
+    parser = argparse.ArgumentParser(prog="python -m reterm.cards.dataset", description="Render the dataset card.")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--repo-id", required=True)
+    parser.add_argument("--out", type=Path, help="where to write the card (default: FOLDER/README.md)")
+    args = parser.parse_args(argv)
+    try:
+        card = render_dataset_card(args.folder, args.repo_id)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = args.out or args.folder / "README.md"
+    card.save(out)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
