@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+#: The name a recipe or a policy spec uses for this model.
+TINY_QWEN_NAME = "tiny-qwen3.5"
 #: Bump when the recipe below changes, so cached copies are rebuilt.
 TINY_QWEN_VERSION = 2
 #: The chat template file shipped by TRL that the tiny model carries (Qwen3.5-4B and larger, 9B included).

@@ -163,8 +163,6 @@ class Trajectory(BaseModel):
         A parse-error step becomes an assistant message with the raw text and a ``user`` message
         holding the parse-error observation (there was no tool call to answer).
         """
-        from reterm.agent.protocol import step_messages  # local import: protocol imports this module
-
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": self.instruction},
@@ -172,14 +170,6 @@ class Trajectory(BaseModel):
         for step in self.steps[: len(self.steps) if upto is None else upto]:
             messages.extend(step_messages(step))
         return messages
-
-    @classmethod
-    def from_messages(cls, messages: list[dict[str, Any]], **kwargs: Any) -> "Trajectory":
-        """The inverse of :meth:`to_messages` (see :func:`reterm.agent.atif.from_messages` for what a
-        chat conversation can and cannot restore)."""
-        from reterm.agent.atif import from_messages  # local import: atif imports this module
-
-        return from_messages(messages, **kwargs)
 
     def prefix(self, n: int) -> list[Step]:
         """Copies of the first ``n`` steps marked ``from_history`` (a failure prefix)."""
@@ -220,3 +210,48 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def step_messages(step: Step) -> list[dict[str, Any]]:
+    """The chat messages one step contributes (the training format, OpenAI style; the layout the agent
+    protocol, :mod:`reterm.agent.protocol`, shows the model).
+
+    - a tool call: ``assistant`` (content = the model's text outside the call, ``tool_calls`` with a
+      JSON-string ``arguments``) then, for ``bash``, a ``tool`` message with the observation;
+      ``submit`` ends the episode, so it gets no tool message.
+    - a parse error: ``assistant`` with the raw model text, then a ``user`` message holding the
+      parse-error observation (there is no call to answer).
+    - the last step of a failed attempt that a recovery attempt continues carries
+      ``step.extra["feedback"]`` (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`): after a ``submit`` it is the submit's ``tool``
+      response, after any other step a ``user`` message. The next assistant message starts attempt 2.
+    """
+    if step.action is None:
+        out = [
+            {"role": "assistant", "content": step.model_text},
+            {"role": "user", "content": step.observation},
+        ]
+        if step.extra.get("feedback"):
+            out.append({"role": "user", "content": step.extra["feedback"]})
+        return out
+    args: dict[str, Any] = {}
+    if step.action.tool == "bash":
+        args["command"] = step.action.command or ""
+        if step.action.timeout is not None:
+            args["timeout"] = step.action.timeout
+    call = {
+        "id": step.action.call_id,
+        "type": "function",
+        "function": {"name": step.action.tool, "arguments": json.dumps(args, ensure_ascii=False)},
+    }
+    messages: list[dict[str, Any]] = [{"role": "assistant", "content": step.reasoning or "", "tool_calls": [call]}]
+    feedback = step.extra.get("feedback")
+    if step.action.tool == "bash":
+        messages.append(
+            {"role": "tool", "tool_call_id": step.action.call_id, "name": "bash", "content": step.observation}
+        )
+    elif feedback:
+        # the submit that ended a failed attempt: the feedback is its tool response
+        return messages + [{"role": "tool", "tool_call_id": step.action.call_id, "name": "submit", "content": feedback}]
+    if feedback:
+        messages.append({"role": "user", "content": feedback})
+    return messages

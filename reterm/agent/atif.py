@@ -21,7 +21,7 @@
 - :func:`trajectory_from_trial` / :func:`trajectories_from_job`: trajectories from Harbor trial and
   job folders: this kit's agent (``agent/reterm_trajectory.json``, lossless), else any agent's
   ``agent/trajectory.json`` (ATIF) with reward and outcome from ``result.json`` classified by
-  :func:`reterm.eval.metrics.classify_trial` (Harbor's error table; agent timeouts are agent failures).
+  :func:`reterm.agent.trial_outcome.classify_trial` (Harbor's error table; agent timeouts are agent failures).
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def trajectory_from_trial(trial_dir: str | Path) -> Trajectory:
     """The trajectory of one Harbor trial folder (this kit's agent or any agent writing ATIF).
 
     Reward and outcome: this kit's own file keeps its own (its infrastructure faults are exact);
-    otherwise ``result.json`` decides via :func:`reterm.eval.metrics.classify_trial`. Metadata gets
+    otherwise ``result.json`` decides via :func:`reterm.agent.trial_outcome.classify_trial`. Metadata gets
     ``trial_dir``, ``trial_name`` and Harbor's exception type, if any.
 
     Raises ``FileNotFoundError`` when the folder has no trajectory and ``ValueError`` naming the file
@@ -433,7 +433,7 @@ def trajectory_from_trial(trial_dir: str | Path) -> Trajectory:
         raise FileNotFoundError(f"{trial_dir}: no agent/{RETERM_FILE} or agent/{ATIF_FILE}")
     traj.metadata["trial_dir"] = str(trial_dir)
     if result is not None:
-        from reterm.eval.metrics import classify_trial
+        from reterm.agent.trial_outcome import classify_trial  # imports Harbor's trial models
 
         traj.metadata["trial_name"] = result.trial_name
         exceptions = result.recorded_exceptions()

@@ -9,6 +9,7 @@ import path ``module:Class``; the environment is built with Harbor's own
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,25 @@ def environment_kind(kind: str) -> tuple[str | None, Any]:
     except ValueError:
         known = ", ".join(t.value for t in EnvironmentType)
         raise ValueError(f"environment {kind!r}: not 'local', a Harbor environment type ({known}) or module:Class") from None
+
+
+def harbor_environment_config(kind: str, kwargs: dict[str, Any] | None = None, force_build: bool = False) -> Any:
+    """Harbor's trial :class:`~harbor.models.trial.config.EnvironmentConfig` for ``kind`` (see
+    :func:`environment_kind`; ``local`` is :data:`LOCAL_ENVIRONMENT`), as a Harbor job or trial takes it.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    from harbor.models.trial.config import EnvironmentConfig
+
+    import_path, env_type = environment_kind(kind)
+    if import_path:
+        return EnvironmentConfig(import_path=import_path, kwargs=dict(kwargs or {}), force_build=force_build)
+    return EnvironmentConfig(type=env_type, kwargs=dict(kwargs or {}), force_build=force_build)
+
+
+def quiet_offline_litellm() -> None:
+    """Make LiteLLM use its bundled model-cost map (the kit prices no tokens) instead of fetching it,
+    which offline retries for about 19 s per run with warnings after the results: sets
+    ``LITELLM_LOCAL_MODEL_COST_MAP=True`` unless the caller set it. Call before Harbor imports LiteLLM."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

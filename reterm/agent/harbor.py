@@ -26,7 +26,7 @@ the agent before it imports LiteLLM), unless the caller chose a value.
 
 Infrastructure faults of the episode (model endpoint, sandbox, harness) are raised after the
 trajectory is written, so Harbor records them in ``result.json`` (``exception_info``) and
-:func:`reterm.eval.metrics.classify_trial` keeps them out of the scores.
+:func:`reterm.agent.trial_outcome.classify_trial` keeps them out of the scores.
 """
 
 from __future__ import annotations

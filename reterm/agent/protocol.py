@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from reterm.trajectory import Action, Step
+from reterm.trajectory import Action, Step, step_messages  # noqa: F401  (step_messages: the message layout, re-exported)
 
 PROMPT_VERSION = "v2"
 """Version of the system prompt and tool schema below (stored in every record's and trajectory's metadata).
@@ -81,50 +81,6 @@ MAX_COMMAND_TIMEOUT_S = 600.0
 def initial_messages(instruction: str) -> list[dict[str, Any]]:
     """The first two messages of every episode: ``[system(SYSTEM_PROMPT), user(instruction)]``."""
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
-
-
-def step_messages(step: Step) -> list[dict[str, Any]]:
-    """The chat messages one step contributes (the training format, OpenAI style).
-
-    - a tool call: ``assistant`` (content = the model's text outside the call, ``tool_calls`` with a
-      JSON-string ``arguments``) then, for ``bash``, a ``tool`` message with the observation;
-      ``submit`` ends the episode, so it gets no tool message.
-    - a parse error: ``assistant`` with the raw model text, then a ``user`` message holding the
-      parse-error observation (there is no call to answer).
-    - the last step of a failed attempt that a recovery attempt continues carries
-      ``step.extra["feedback"]`` (:data:`FEEDBACK_MESSAGE`): after a ``submit`` it is the submit's ``tool``
-      response, after any other step a ``user`` message. The next assistant message starts attempt 2.
-    """
-    if step.action is None:
-        out = [
-            {"role": "assistant", "content": step.model_text},
-            {"role": "user", "content": step.observation},
-        ]
-        if step.extra.get("feedback"):
-            out.append({"role": "user", "content": step.extra["feedback"]})
-        return out
-    args: dict[str, Any] = {}
-    if step.action.tool == "bash":
-        args["command"] = step.action.command or ""
-        if step.action.timeout is not None:
-            args["timeout"] = step.action.timeout
-    call = {
-        "id": step.action.call_id,
-        "type": "function",
-        "function": {"name": step.action.tool, "arguments": json.dumps(args, ensure_ascii=False)},
-    }
-    messages: list[dict[str, Any]] = [{"role": "assistant", "content": step.reasoning or "", "tool_calls": [call]}]
-    feedback = step.extra.get("feedback")
-    if step.action.tool == "bash":
-        messages.append(
-            {"role": "tool", "tool_call_id": step.action.call_id, "name": "bash", "content": step.observation}
-        )
-    elif feedback:
-        # the submit that ended a failed attempt: the feedback is its tool response
-        return messages + [{"role": "tool", "tool_call_id": step.action.call_id, "name": "submit", "content": feedback}]
-    if feedback:
-        messages.append({"role": "user", "content": feedback})
-    return messages
 
 
 # ============================================================================ action parsing

@@ -1,8 +1,8 @@
 """Environments for one task outside a Harbor trial: the local sandbox, or any Harbor environment.
 
 The rollout stage lets Harbor's ``Job`` make its environments (:func:`harbor_environment_config`, the same
-translation as the evaluation's :func:`reterm.eval.run.harbor_environment`); recovery attempts and injected runs
-need environments of their own (a failure state is rebuilt in a fresh one), built here from the YAML
+translation as the evaluation's, :func:`reterm.agent.environments.harbor_environment_config`); recovery
+attempts and injected runs need environments of their own (a failure state is rebuilt in a fresh one), built here from the YAML
 ``environment:`` by the kit's one builder, :func:`reterm.agent.environments.make_environment`. ``local`` is
 :class:`reterm.sandbox.local.LocalEnvironment` (snapshot + fork); a recipe names environments the same way
 everywhere, and every episode gets its task's network policy.
@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from reterm.agent import environments as agent_environments
 from reterm.data.config import EnvironmentConfig
 
 _TRIAL_PREFIX = "reterm-pipeline-"  # trial folders of make_environment (removed by stop_quietly)
@@ -23,9 +24,7 @@ _TRIAL_PREFIX = "reterm-pipeline-"  # trial folders of make_environment (removed
 
 def harbor_environment_config(spec: EnvironmentConfig) -> Any:
     """Harbor's trial ``EnvironmentConfig`` for ``spec`` (``local`` = the kit's sandbox class)."""
-    from reterm.eval.run import EnvironmentSpec, harbor_environment
-
-    return harbor_environment(EnvironmentSpec(type=spec.type, kwargs=dict(spec.kwargs)))
+    return agent_environments.harbor_environment_config(spec.type, spec.kwargs)
 
 
 def make_environment(spec: EnvironmentConfig, task_dir: str | Path, tag: str = "") -> Any:
@@ -44,14 +43,12 @@ def make_environment(spec: EnvironmentConfig, task_dir: str | Path, tag: str = "
     """
     from harbor.models.task.task import Task
 
-    from reterm.agent.environments import make_environment as build
-
     task_dir = Path(task_dir)
     task = Task(task_dir)
     trial_dir = Path(tempfile.mkdtemp(prefix=f"{_TRIAL_PREFIX}{task_dir.name}-"))
     session = f"{task_dir.name}__{tag or 'pipeline'}__{uuid.uuid4().hex[:6]}"
     try:
-        return build(spec.type, task, trial_dir, session_id=session, **spec.kwargs)
+        return agent_environments.make_environment(spec.type, task, trial_dir, session_id=session, **spec.kwargs)
     except BaseException:
         shutil.rmtree(trial_dir, ignore_errors=True)
         raise

@@ -141,7 +141,7 @@ def run_rollouts(cfg: PipelineConfig, tasks: list[TaskInfo], jobs_dir: Path) -> 
     A job folder whose Harbor files were cut by a kill is discarded and run again (its trials cannot be
     matched to the config any more, and keeping them would duplicate episodes).
     """
-    from reterm.eval.run import quiet_offline_litellm
+    from reterm.agent.environments import quiet_offline_litellm
 
     job_dir = jobs_dir / JOB_NAME
     if job_dir.exists() and not _job_folder_usable(job_dir):

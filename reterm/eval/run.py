@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import socket
 import sys
@@ -54,9 +53,9 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from reterm.agent.environments import environment_kind, harbor_environment_config, quiet_offline_litellm
 from reterm.eval import metrics
 from reterm.eval.recovery import RecoveryFromStatesSpec
-from reterm.agent.environments import environment_kind
 
 RETERM_AGENT = "reterm.agent.harbor:ReTermAgent"
 
@@ -272,13 +271,6 @@ def _reachable(host: str, timeout_s: float = 3.0) -> OSError | None:
     return None
 
 
-def quiet_offline_litellm() -> None:
-    """Make LiteLLM use its bundled model-cost map (the kit prices no tokens) instead of fetching it,
-    which offline retries for about 19 s per run with warnings after the results: sets
-    ``LITELLM_LOCAL_MODEL_COST_MAP=True`` unless the caller set it. Call before Harbor imports LiteLLM."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-
 def check_dataset_reachable(spec: DatasetSpec, timeout_s: float = 3.0) -> None:
     """Fail at once when a registry dataset's hosts (registry + task git hosting) cannot be reached.
 
@@ -338,13 +330,8 @@ def harbor_dataset(spec: DatasetSpec) -> "Any":
 
 
 def harbor_environment(spec: EnvironmentSpec) -> "Any":
-    """The Harbor :class:`EnvironmentConfig`: ``local`` is :data:`reterm.agent.environments.LOCAL_ENVIRONMENT`."""
-    from harbor.models.trial.config import EnvironmentConfig
-
-    import_path, env_type = environment_kind(spec.type)
-    if import_path:
-        return EnvironmentConfig(import_path=import_path, kwargs=spec.kwargs, force_build=spec.force_build)
-    return EnvironmentConfig(type=env_type, kwargs=spec.kwargs, force_build=spec.force_build)
+    """The Harbor :class:`EnvironmentConfig` of ``spec`` (:func:`reterm.agent.environments.harbor_environment_config`)."""
+    return harbor_environment_config(spec.type, spec.kwargs, spec.force_build)
 
 
 def job_config(cfg: EvalConfig, model: ModelSpec) -> "Any":

@@ -57,7 +57,7 @@ def resolve_hf_model(ref: str) -> str:
             missing folder; an invalid Hub id; a Hub repository that cannot be fetched, with the folder
             of the same name pointed out when one exists).
     """
-    from reterm.training.models import TINY_QWEN_NAME
+    from reterm.tiny_qwen import TINY_QWEN_NAME
 
     ref = ref.strip()
     if not ref:

@@ -59,7 +59,9 @@ from pathlib import Path
 
 from reterm.sandbox import rootless
 from reterm.sandbox.cgroups import Cgroups, open_cgroups
+from reterm.sandbox.errors import ExecTimeoutError, SandboxError  # noqa: F401  (ExecTimeoutError: re-exported)
 from reterm.sandbox.paths import proc_start_time, sub
+from reterm.sandbox.preflight import require_capabilities_or_explain, require_root_or_explain
 
 logger = logging.getLogger(__name__)
 
@@ -160,23 +162,6 @@ def host_ca_bundle() -> Path | None:
         if p and Path(p).is_file():
             return Path(p).resolve()
     return None
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be started or has died (an infrastructure fault, not an agent failure)."""
-
-
-class ExecTimeoutError(RuntimeError):
-    """An exec ran past its timeout; its whole process tree was killed.
-
-    Subclass of ``RuntimeError`` like Harbor's docker environment raises; carries what the command
-    printed before it was killed in ``stdout`` / ``stderr`` (str).
-    """
-
-    def __init__(self, message: str, stdout: str = "", stderr: str = ""):
-        super().__init__(message)
-        self.stdout = stdout
-        self.stderr = stderr
 
 
 @dataclass
@@ -348,8 +333,6 @@ class Box:
                 missing; checked before anything is created), a mount or bwrap failed (with bwrap's
                 message). Nothing is left running or on disk when it raises.
         """
-        from reterm.sandbox.preflight import require_capabilities_or_explain, require_root_or_explain
-
         try:
             mode = rootless.sandbox_mode()
         except ValueError as exc:

@@ -8,6 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+from reterm.sandbox.errors import SandboxError
+from reterm.sandbox.rootless import user_name
+
 _TOOLS = {"bwrap": "bubblewrap", "unshare": "util-linux", "nsenter": "util-linux", "debootstrap": "debootstrap"}
 
 
@@ -34,8 +37,6 @@ def missing_capabilities() -> list[str]:
 def require_capabilities_or_explain() -> None:
     """Raise :class:`SandboxError` when running as root without the capabilities the sandbox needs
     (e.g. inside an unprivileged container)."""
-    from reterm.sandbox.box import SandboxError
-
     if missing := missing_capabilities():
         raise SandboxError(
             f"the local sandbox runs as root but this process lacks {', '.join(missing)} (mount namespaces, "
@@ -50,9 +51,6 @@ def require_root_or_explain() -> None:
 
     Without that setting a non-root caller gets rootless mode (:mod:`reterm.sandbox.rootless`).
     """
-    from reterm.sandbox.box import SandboxError
-    from reterm.sandbox.rootless import user_name
-
     raise SandboxError(
         f"RETERM_SANDBOX_MODE=root needs root (running as {user_name()}): run it with sudo, or "
         "unset RETERM_SANDBOX_MODE to use rootless mode (unprivileged user namespaces). Nothing was started."

@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
+from reterm.sandbox.errors import SandboxError
+
 MODE_ENV = "RETERM_SANDBOX_MODE"
 Mode = Literal["root", "rootless"]
 
@@ -149,8 +151,6 @@ def require_rootless_or_explain() -> None:
 
     Nothing has been started when it raises (called before any folder, mount or process exists).
     """
-    from reterm.sandbox.box import SandboxError
-
     if problems := rootless_problems():
         raise SandboxError(
             f"the local sandbox cannot start: running as {user_name()} it needs unprivileged user "
@@ -170,8 +170,6 @@ def check_layers_owned(lowers: list[Path]) -> None:
     Raises:
         SandboxError: naming the layer, its owner and how to get one of the caller's own.
     """
-    from reterm.sandbox.box import SandboxError
-
     me = os.geteuid()
     for p in lowers:
         owner = Path(p).stat().st_uid

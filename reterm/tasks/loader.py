@@ -21,12 +21,9 @@ Every problem raises :class:`TaskLoadError` whose message starts with the offend
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import shutil
 import tomllib
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,23 +32,13 @@ from harbor.models.task.config import TaskConfig
 from harbor.models.task.task import Task
 from pydantic import ValidationError
 
+from reterm.tasks.cache import build_once, cache_root, content_hash
+from reterm.tasks.errors import TaskLoadError
+from reterm.tasks.tb1 import convert_tb1
+
 DIALECTS = ("harbor", "termigen", "terminal-bench-1")
 REWARD_FILES = ("reward.txt", "reward.json")
 _REWARD_RE = re.compile(r"reward\.(txt|json)")
-
-
-class TaskLoadError(ValueError):
-    """A task folder that cannot be loaded (or cannot run on the local sandbox).
-
-    Attributes:
-        path: the file (or folder) the problem is in.
-        problem: what is wrong, in words.
-    """
-
-    def __init__(self, path: Path | str, problem: str) -> None:
-        self.path = Path(path)
-        self.problem = problem
-        super().__init__(f"{path}: {problem}")
 
 
 @dataclass
@@ -117,33 +104,6 @@ class LoadedTask:
         """The error categories the task is designed to expose (``[metadata].error_categories``)."""
         cats = self.metadata.get("error_categories") or []
         return [str(c) for c in cats] if isinstance(cats, list) else [str(cats)]
-
-
-def cache_root() -> Path:
-    """Conversion cache: ``${RETERM_CACHE:-$HOME/.cache/reterm}/tasks`` (created)."""
-    root = Path(os.environ.get("RETERM_CACHE") or Path.home() / ".cache" / "reterm") / "tasks"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def content_hash(folder: Path) -> str:
-    """16 hex chars of a sha256 over the relative paths, modes and contents of every file in ``folder``
-    (Python bytecode caches left out)."""
-    h = hashlib.sha256()
-    files = (p for p in folder.rglob("*") if (p.is_file() or p.is_symlink()) and not _is_bytecode(p))
-    for path in sorted(files):
-        rel = path.relative_to(folder).as_posix()
-        h.update(rel.encode() + b"\0")
-        if path.is_symlink():
-            h.update(b"link:" + os.readlink(path).encode())
-        else:
-            h.update(oct(path.stat().st_mode & 0o777).encode() + path.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
-
-
-def _is_bytecode(path: Path) -> bool:
-    return path.suffix == ".pyc" or "__pycache__" in path.parts
 
 
 def detect_dialect(folder: Path) -> str:
@@ -298,24 +258,6 @@ def _harbor_task(task_dir: Path, *, origin: Path | None = None) -> Task:
         raise TaskLoadError(origin or task_dir, f"Harbor cannot load the task: {exc}") from None
 
 
-def _atomic_copy(build, dest: Path) -> Path:
-    """Run ``build(tmp_dir)`` and move the result to ``dest`` (kept if another process made it first)."""
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".tmp-{dest.name}-{uuid.uuid4().hex[:6]}"
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not dest.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
 DEFAULT_GENERATED_TOML = """\
 # Written by reterm.tasks for a generated task that came without task.toml.
 schema_version = "1.4"
@@ -345,7 +287,7 @@ def _load_termigen(source: Path) -> tuple[Path, list[str]]:
 
     dest = cache_root() / "termigen" / content_hash(source) / source.name
     notes.append(f"no task.toml: copied to {dest} with default timeouts (agent 900 s, verifier 600 s)")
-    return _atomic_copy(build, dest), notes
+    return build_once(build, dest), notes
 
 
 def load_task(path: Path | str, *, check_local: bool = True) -> LoadedTask:
@@ -368,8 +310,6 @@ def load_task(path: Path | str, *, check_local: bool = True) -> LoadedTask:
     dialect = detect_dialect(source)
     notes: list[str] = []
     if dialect == "terminal-bench-1":
-        from reterm.tasks.tb1 import convert_tb1
-
         task_dir, notes = convert_tb1(source)
         origin = source
     elif dialect == "termigen" and not (source / "task.toml").is_file():

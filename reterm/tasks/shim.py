@@ -24,7 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
-from reterm.tasks.loader import _atomic_copy, cache_root, content_hash
+from reterm.tasks.cache import build_once, cache_root, content_hash
 
 SHIM_SOURCE = Path(__file__).parent / "shim"
 SHIM_TARGET = "/opt/reterm-shim"
@@ -43,7 +43,7 @@ def shim_dir() -> Path:
     """The shim's files, copied once to the cache (content-addressed). Returns the folder to mount."""
     dest = cache_root() / f"shim-{content_hash(SHIM_SOURCE)}"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    return _atomic_copy(lambda tmp: shutil.copytree(SHIM_SOURCE, tmp, symlinks=True, ignore=ignore), dest)
+    return build_once(lambda tmp: shutil.copytree(SHIM_SOURCE, tmp, symlinks=True, ignore=ignore), dest)
 
 
 def shim_trial_settings() -> tuple[list[dict], dict[str, str]]:

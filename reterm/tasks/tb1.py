@@ -17,7 +17,7 @@ Before handing the folder to Harbor's mapper, this module fills the gaps that ma
   :mod:`reterm.tasks.shim`);
 - ``metadata.source_dialect = "terminal-bench-1"`` in the resulting ``task.toml``.
 
-Results go to the conversion cache (:func:`reterm.tasks.loader.cache_root` ``/terminal-bench-1/<content hash>/<name>``).
+Results go to the conversion cache (:func:`reterm.tasks.cache.cache_root` ``/terminal-bench-1/<content hash>/<name>``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import yaml
 from harbor.mappers.terminal_bench import TerminalBenchMapper
 from harbor.models.task.config import TaskConfig
 
-from reterm.tasks.loader import TaskLoadError, _atomic_copy, cache_root, content_hash
+from reterm.tasks.cache import build_once, cache_root, content_hash
+from reterm.tasks.errors import TaskLoadError
 
 SETUP_UV_PYTEST = """\
 #!/bin/bash
@@ -172,7 +173,7 @@ def convert_tb1(source: Path) -> tuple[Path, list[str]]:
         finally:
             shutil.rmtree(staging.parent, ignore_errors=True)
 
-    _atomic_copy(build, dest)
+    build_once(build, dest)
     notes_file = dest / ".reterm-notes"
     if notes_file.exists():
         notes += [n for n in notes_file.read_text().splitlines() if n]

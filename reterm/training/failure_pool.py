@@ -38,6 +38,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from reterm.agent.atif import from_messages
 from reterm.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ class PoolState:
     @cached_property
     def trajectory(self) -> Trajectory:
         """The history as a trajectory (steps with ``from_history``; exit statuses read from observations)."""
-        traj = Trajectory.from_messages(self.prompt, task_id=self.task_id)
+        traj = from_messages(self.prompt, task_id=self.task_id)
         for s in traj.steps:
             s.from_history = True
         return traj

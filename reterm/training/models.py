@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-TINY_QWEN_NAME = "tiny-qwen3.5"
+from reterm.tiny_qwen import TINY_QWEN_NAME, build_tiny_qwen3_5
 
 # model_type of a checkpoint -> the text-only class to train (multimodal checkpoints loaded as causal LMs)
 _TEXT_ONLY_CLASS = {
@@ -53,8 +53,6 @@ def resolve_model_name_or_path(name_or_path: str | os.PathLike[str]) -> str:
 
     name = os.fspath(name_or_path)
     if name == TINY_QWEN_NAME and not Path(name).exists():
-        from reterm.tiny_qwen import build_tiny_qwen3_5
-
         return str(build_tiny_qwen3_5())
     return resolve_smollm2(name)
 

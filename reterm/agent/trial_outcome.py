@@ -1,0 +1,133 @@
+"""The kit's outcome of a Harbor trial: :func:`classify_trial` turns a ``result.json``
+(:class:`harbor.models.trial.result.TrialResult`) into one :class:`reterm.trajectory.Outcome` and a reward.
+
+Used wherever a Harbor trial is read back: trajectories from job folders (:mod:`reterm.agent.atif`), the
+data pipeline's rollouts and the evaluation's scores (:mod:`reterm.eval.metrics`); only agent outcomes
+(``SUCCESS``/``FAILURE``) are scored, infrastructure faults are counted apart.
+
+Rules (and where they come from)
+--------------------------------
+* **Which exceptions are infrastructure faults.** Harbor's own error table
+  (:mod:`harbor.models.trial.error_policy`, ``ErrorPolicy.has_valid_reward``) decides, with the job's
+  ``override_error_policy`` applied. ``has_valid_reward=False`` types are faults: environment build/start
+  failures and timeouts (``SandboxBuildFailedError``, ``EnvironmentStartTimeoutError``,
+  ``AgentSetupTimeoutError``, ``HealthcheckError``, out-of-memory...), model-endpoint errors (``ApiError``,
+  litellm's ``RateLimitError``...), verifier faults (``VerifierTimeoutError``, ``RewardFileNotFoundError``
+  = the missing reward file, ``RewardFileEmptyError``, ``VerifierOutputParseError``) and cancellations.
+  Exception types Harbor does not know (a crash of an agent harness, this kit's
+  :class:`reterm.policies.base.EndpointError`) are faults too; Harbor would score them, but a crash of
+  the harness is not the agent's failure (project rule: faults are never failures). This kit's
+  ``EpisodeFault`` names its fault outcome (``sandbox_error: ...``, ``endpoint_error: ...``).
+* **Agent timeouts are failures.** ``AgentTimeoutError`` (and the other exceptions Harbor marks
+  ``has_valid_reward=True``: non-zero agent exit, context window exceeded, refusals) are agent outcomes:
+  the verifier still runs and its reward decides; no reward counts as 0. This is Terminal-Bench's rule:
+  its leaderboard query keeps ``AgentTimeoutError`` trials and scores them ``COALESCE(reward, 0)``
+  (laude-institute/terminal-bench-experiments, ``sql/get_agent_scores_and_costs.sql``).
+  Difference to that query: it also scores ``VerifierTimeoutError`` as 0; here (as in Harbor's table)
+  a verifier timeout is a fault, reported in ``infra_faults`` so a reader can redo the other count.
+* **A trial without exception but without a reward** is a verifier fault (Harbor: "a missing reward
+  file is an error, not a zero").
+* **Pass**: the reward (the ``reward`` key of ``verifier_result.rewards``, or its only key) is at least
+  :data:`reterm.trajectory.PASS_THRESHOLD` (1.0; Terminal-Bench rewards are 0/1).
+"""
+
+from __future__ import annotations
+
+from harbor.models.trial.error_policy import ERROR_POLICIES
+from harbor.models.trial.result import ExceptionInfo, TrialResult
+
+from reterm.trajectory import PASS_THRESHOLD, Outcome
+
+# Harbor exception type -> fault outcome. Types not listed here but marked has_valid_reward=False by
+# Harbor's table map through _FAULT_BY_GROUP below; types unknown to Harbor are harness errors.
+_FAULT_OUTCOME: dict[str, Outcome] = {
+    "EnvironmentStartTimeoutError": Outcome.ENVIRONMENT_TIMEOUT,
+    "AgentSetupTimeoutError": Outcome.ENVIRONMENT_TIMEOUT,
+    "VerifierTimeoutError": Outcome.VERIFIER_TIMEOUT,
+    "RewardFileNotFoundError": Outcome.VERIFIER_ERROR,
+    "RewardFileEmptyError": Outcome.VERIFIER_ERROR,
+    "VerifierOutputParseError": Outcome.VERIFIER_ERROR,
+    "AddTestsDirError": Outcome.VERIFIER_ERROR,
+    "DownloadVerifierDirError": Outcome.VERIFIER_ERROR,
+    "CancelledError": Outcome.HARNESS_ERROR,
+    "RegradeError": Outcome.HARNESS_ERROR,
+    "MissingExtraError": Outcome.HARNESS_ERROR,
+    "DspyImportError": Outcome.HARNESS_ERROR,
+    # this kit's policy backends (reterm.policies.base.EndpointError)
+    "EndpointError": Outcome.ENDPOINT_ERROR,
+}
+_ENVIRONMENT_ERRORS = {
+    "SandboxBuildFailedError",
+    "HealthcheckError",
+    "SandboxLikelyOutOfMemoryError",
+    "MemoryLimitExceededError",
+    "SSHAccessError",
+    "GKEExecStreamClosedError",
+    "GKEPodNotFoundError",
+    "RuntimeRequestError",
+    "ServiceOperationsUnsupportedError",
+    "VercelScopeError",
+}
+
+
+def _fault_outcome(exception_type: str, message: str = "") -> Outcome:
+    """The fault outcome of a Harbor exception type Harbor marks as not scorable (or does not know).
+
+    ``EpisodeFault`` (raised by :class:`reterm.agent.harbor.ReTermAgent`) carries the episode's fault
+    outcome as the prefix of its message (``"endpoint_error: ..."``).
+    """
+    if exception_type == "EpisodeFault":
+        prefix = message.split(":", 1)[0].strip()
+        if prefix in {o.value for o in Outcome} and Outcome(prefix).is_infra_fault:
+            return Outcome(prefix)
+        return Outcome.HARNESS_ERROR
+    if exception_type in _FAULT_OUTCOME:
+        return _FAULT_OUTCOME[exception_type]
+    if exception_type in _ENVIRONMENT_ERRORS:
+        return Outcome.SANDBOX_ERROR
+    if exception_type in ERROR_POLICIES:  # the rest of Harbor's non-scorable table: model API errors
+        return Outcome.ENDPOINT_ERROR
+    return Outcome.HARNESS_ERROR
+
+
+def _is_agent_outcome(exc: ExceptionInfo) -> bool:
+    """True when Harbor scores a trial that raised ``exc`` (e.g. ``AgentTimeoutError``) and knows the type."""
+    return exc.exception_type in ERROR_POLICIES and exc.policy.has_valid_reward
+
+
+def task_name(result: TrialResult) -> str:
+    """The task's name without its org prefix (``reterm/semver-sort`` -> ``semver-sort``), as the task
+    folders and ``tasks/splits.json`` name it."""
+    return result.task_name.split("/")[-1]
+
+
+def reward_of(result: TrialResult) -> float | None:
+    """The scalar reward of a trial: ``rewards["reward"]``, or the only value; ``None`` when absent.
+
+    Raises ``ValueError`` naming the trial when several rewards are given and none is called ``reward``.
+    """
+    rewards = result.verifier_result.rewards if result.verifier_result else None
+    if not rewards:
+        return None
+    if "reward" in rewards:
+        return float(rewards["reward"])
+    if len(rewards) == 1:
+        return float(next(iter(rewards.values())))
+    raise ValueError(
+        f"trial {result.trial_name}: several rewards {sorted(rewards)} and none named 'reward'; "
+        "cannot score a multi-reward task as pass/fail"
+    )
+
+
+def classify_trial(result: TrialResult) -> tuple[Outcome, float | None]:
+    """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring."""
+    exceptions = result.recorded_exceptions()
+    reward = reward_of(result)
+    for exc in exceptions:
+        if not _is_agent_outcome(exc):
+            return _fault_outcome(exc.exception_type, exc.exception_message), reward
+    if exceptions:  # agent outcomes only (agent timeout, context exceeded...): no reward counts as 0
+        reward = 0.0 if reward is None else reward
+    elif reward is None:
+        return Outcome.VERIFIER_ERROR, None
+    return (Outcome.SUCCESS if reward >= PASS_THRESHOLD else Outcome.FAILURE), reward

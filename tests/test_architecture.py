@@ -1,0 +1,190 @@
+"""The library's import graph: no cycles, and no module imports a layer above its own.
+
+The graph is read from the source with ``ast`` (nothing is imported): every ``import`` and ``from ... import``
+of ``reterm/``, at module level and inside functions alike (a function-level import is still a dependency,
+only a later one); imports under ``if TYPE_CHECKING:`` are left out (they never run). The layers, bottom
+to top, are :data:`LAYERS` (docs/ARCHITECTURE.md draws them); a module may import its own layer and the
+ones below it.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Bottom to top. A module belongs to the layer of the longest entry that names it or a package above it
+# (``reterm`` itself names only the package's ``__init__``).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # shared types and helpers: the trajectory schema, dataset records, the agent protocol (what every model
+    # and every harness reads and writes), interval statistics, JSON and Hub-metadata helpers, the tiny model
+    ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.agent.protocol", "reterm.json_files",
+              "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards", "reterm.io")),
+    ("sandbox", ("reterm.sandbox",)),
+    ("tasks", ("reterm.tasks",)),
+    ("policies", ("reterm.policies",)),
+    ("agent", ("reterm.agent",)),
+    ("recovery", ("reterm.recovery", "reterm.drills")),
+    ("data and training", ("reterm.data", "reterm.training")),
+    ("eval", ("reterm.eval",)),
+    ("cards", ("reterm.cards",)),
+    # command lines: each may use any layer
+    ("entry points", ("reterm.publish", "reterm.cli", "reterm.sandbox.cli", "reterm.tasks.cli",
+                      "reterm.agent.cli", "reterm.recovery.__main__", "reterm.testing")),
+]
+# Importable only in the checkout: the application folders keep thin scripts, the tests are not the product.
+NOT_LIBRARY = ("eval", "pipeline", "dataset_card", "model_card", "tests", "train", "space", "bench")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, package: str = "reterm") -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
+    """``(edges, foreign)``: ``edges[a][b]`` is the first line where module ``a`` imports module ``b`` (both
+    of ``package``); ``foreign[a]`` the top-level names of other packages ``a`` imports."""
+    modules = {module_name(p, root): p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts}
+    edges: dict[str, dict[str, int]] = {}
+    foreign: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        skip: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+        out: dict[str, int] = {}
+        foreign[name] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, level - 1 packages up
+                    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - (node.level - 1)]
+                    base = ".".join(pkg + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                if target.split(".")[0] != package:
+                    foreign[name].add(target.split(".")[0])
+                    continue
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    out.setdefault(target, node.lineno)
+        edges[name] = out
+    return edges, foreign
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            inside = module.startswith(prefix + ".") and prefix != "reterm"
+            if (module == prefix or inside) and (best is None or len(prefix) > best[1]):
+                best = (i, len(prefix))
+    return None if best is None else best[0]
+
+
+@pytest.fixture(scope="module")
+def graph() -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
+    return import_graph(ROOT)
+
+
+def _where(a: str, b: str, edges: dict[str, dict[str, int]]) -> str:
+    return f"{a.replace('.', '/')}.py:{edges[a][b]} imports {b}"
+
+
+def test_the_graph_sees_function_level_imports_and_cycles(tmp_path):
+    """The checker itself: a cycle hidden in a function is found, TYPE_CHECKING imports are not edges."""
+    pkg = tmp_path / "reterm"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from reterm.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from reterm import a\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from reterm import a\n")
+    edges, _ = import_graph(tmp_path)
+    assert edges["reterm.a"] == {"reterm.sub.b": 1} and edges["reterm.sub.b"] == {"reterm.a": 2}
+    assert edges["reterm.c"] == {}
+    assert cycles(edges) == [["reterm.a", "reterm.sub.b"]]
+
+
+def test_no_import_cycles(graph):
+    edges, _ = graph
+    assert "reterm.agent.trial_outcome" in edges["reterm.agent.atif"]  # a function-level import is an edge
+    found = cycles(edges)
+    detail = [[_where(a, b, edges) for a in c for b in c if b in edges[a]] for c in found]
+    assert not found, f"import cycles in reterm/: {detail}"
+
+
+def test_every_module_has_a_layer(graph):
+    edges, _ = graph
+    assert not [m for m in edges if layer_of(m) is None], "add these modules to a layer of LAYERS"
+
+
+def test_no_module_imports_a_layer_above_its_own(graph):
+    edges, _ = graph
+    upward = [
+        f"{_where(a, b, edges)} ({LAYERS[layer_of(a)][0]} -> {LAYERS[layer_of(b)][0]})"
+        for a in sorted(edges) for b in edges[a]
+        if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a)
+    ]  # fmt: skip
+    assert not upward, "lower layers import higher ones:\n" + "\n".join(upward)
+
+
+def test_the_library_imports_no_application_folder(graph):
+    _, foreign = graph
+    bad = {m: sorted(set(names) & set(NOT_LIBRARY)) for m, names in foreign.items() if set(names) & set(NOT_LIBRARY)}
+    assert not bad, f"reterm/ imports folders that are not installed: {bad}"
+
+
+def test_only_reterm_is_installed():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["tool"]["setuptools"]["packages"]["find"]["include"] == ["reterm*"]
+    assert set(meta["tool"]["setuptools"].get("package-data", {})) <= {"reterm"}
+    for folder in ("eval", "pipeline", "dataset_card", "model_card"):
+        assert not (ROOT / folder / "__init__.py").exists(), f"{folder}/ holds scripts, not a package"
