@@ -6,7 +6,7 @@ rejects the commit when it is malformed; ``huggingface_hub`` calls that endpoint
 *before* creating a repo or sending a byte, with a message naming the field. It covers the subset
 of the Hub's schema that our cards use (licence ids, list-of-string fields, size categories,
 ``base_model``/``base_model_relation``, ``model-index``, dataset ``configs``, Space ``sdk``); the
-Hub's own schema is larger. The local test server (:mod:`reterm.testing.hub_server`) answers
+Hub's own schema is larger. The local test server (``tests/hub_server.py``) answers
 ``validate-yaml`` with the same function.
 
 Sources: https://huggingface.co/docs/hub/repositories-licenses (licence ids),

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cards", ("reterm.cards",)),
     # command lines: each may use any layer
     ("entry points", ("reterm.publish", "reterm.cli", "reterm.sandbox.cli", "reterm.tasks.cli",
-                      "reterm.agent.cli", "reterm.recovery.__main__", "reterm.testing")),
+                      "reterm.agent.cli", "reterm.recovery.__main__")),
 ]
 # Importable only in the checkout: the application folders keep thin scripts, the tests are not the product.
 NOT_LIBRARY = ("eval", "pipeline", "dataset_card", "model_card", "tests", "train", "space", "bench")

@@ -36,7 +36,8 @@ def _grpo_script():
 def test_cpu_recipes_parse_with_the_same_budget(name):
     grpo = _grpo_script()
     script, args, model = grpo.parse_args(["--config", str(RECIPES / name)])[:3]
-    assert script.dataset_name == "tests/fixtures/grpo_seed" and model.use_peft
+    assert script.dataset_name == "runs/smollm2-135m/data" and args.task_dirs == ["runs/smollm2-135m/drills"]
+    assert model.use_peft
     assert args.mode == ("standard" if "standard" in name else "reterm") and args.resolved_fork_method == "snapshot"
     assert (args.num_generations, args.max_steps, args.max_turns, args.max_turn_tokens, args.max_completion_length) == (
         4, 10, 2, 48, 256)  # fmt: skip

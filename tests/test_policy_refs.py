@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reterm.policies import check_policy_spec, is_local_path, load_policy, resolve_hf_model
-from reterm.testing.hub_server import HubServer
+from hub_server import HubServer
 from reterm.tiny_qwen import build_tiny_qwen3_5
 
 TOKEN = "hf_" + "PolicyRefsTokenAbcdefghijklmnopq12"

@@ -1,4 +1,4 @@
-"""`reterm publish` against the local Hub-compatible test server (reterm.testing.hub_server).
+"""`reterm publish` against the local Hub-compatible test server (tests/hub_server.py).
 
 Every client runs as a subprocess with HF_ENDPOINT pointing at the server (huggingface_hub reads it at
 import time): `reterm publish`, then `hf download` and `datasets.load_dataset` of what was published.
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import DatasetCard, ModelCard
 
-from reterm.testing.hub_server import HubServer
+from hub_server import HubServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "publish"
 RECIPES = [FIXTURES / "recipes" / "sft.yaml", FIXTURES / "recipes" / "grpo.yaml"]

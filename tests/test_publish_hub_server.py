@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reterm.testing.hub_server import HubServer, patched_hub_endpoint
+from hub_server import HubServer, patched_hub_endpoint
 
 TOKEN = "hf_" + "ServerTestTokenAbcdefghijklmnopqr12"
 BIN = Path(sys.executable).parent

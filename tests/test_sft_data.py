@@ -172,7 +172,7 @@ def test_dataset_name_may_be_a_hub_id(tmp_path, monkeypatch):
     import huggingface_hub
     from huggingface_hub import HfApi
 
-    from reterm.testing.hub_server import HubServer, patched_hub_endpoint
+    from hub_server import HubServer, patched_hub_endpoint
 
     token = "hf_" + "SftFixtureTokenAbcdefghijklmnopq12"
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))

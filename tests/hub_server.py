@@ -1065,7 +1065,7 @@ def patched_hub_endpoint(url: str) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reterm.testing.hub_server --root DIR [--port N] [--token TOKEN=USER ...]``: serve until Ctrl-C."""
+    """``python tests/hub_server.py --root DIR [--port N] [--token TOKEN=USER ...]``: serve until Ctrl-C."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
