@@ -4,8 +4,8 @@ Every attempt runs ``--turns`` commands that each take ``--command-s`` seconds (
 replies are scripted (:func:`reterm.training.grpo_policy.scripted_generate_fn`), so the figures measure
 the rollout machinery itself: forking the failure state's snapshot, a terminal session per fork, the
 lock-step turns with the commands of all attempts running concurrently, the verifier, tear-down.
-TRL's own tool loop runs rollouts one after another (NOTES.md: 4 rollouts with a 0.5 s tool added 2 s a
-step): G sequential attempts would cost G times one. Target (issue 7): G=8 under 1.5x G=1.
+TRL's own tool loop runs rollouts one after another (4 rollouts with a 0.5 s tool add 2 s a step): G
+sequential attempts would cost G times one. Target: G=8 under 1.5x G=1.
 
 The failure state is the first record of ``tests/fixtures/grpo_seed`` (hello-file: a write to a
 mistyped path). Its environment is rebuilt and snapshotted once (warm-up), as in training, where the

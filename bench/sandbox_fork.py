@@ -1,4 +1,4 @@
-"""Benchmark of the local sandbox (issue 2): start, exec latency, snapshot and fork vs replay fork.
+"""Benchmark of the local sandbox: start, exec latency, snapshot and fork vs replay fork.
 
     python bench/sandbox_fork.py [--task DIR] [--forks 8] [--mb 50] [--prefixes 10,40,160] [--json out.json]
                                  [--rootless]
@@ -10,7 +10,7 @@ Prints, in one run:
     about ``--mb`` MB, made by a prefix of N commands, for each N in ``--prefixes``;
   * the same fork done by replay (G fresh sandboxes, each re-running the N-command prefix);
   * the ratio replay / snapshot fork.
-The target (issue 2): fork of 8 from a 50 MB state under 1 s, flat in the prefix length.
+The target: fork of 8 from a 50 MB state under 1 s, flat in the prefix length.
 ``--rootless`` measures rootless mode (``RETERM_SANDBOX_MODE=rootless``; as root it still uses cgroups,
 as another user it falls back to rlimits); the mode in use is printed first.
 """

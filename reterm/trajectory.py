@@ -17,13 +17,13 @@ successes") and Harbor's verifier (a missing reward file is an error, not a zero
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
+
+from reterm.io import write_json_atomic
 
 SCHEMA_VERSION = "reterm-trajectory/1"
 
@@ -190,26 +190,6 @@ class Trajectory(BaseModel):
             return cls.model_validate_json(path.read_text())
         except Exception as exc:  # pydantic.ValidationError or JSON errors
             raise ValueError(f"{path}: not a ReTerm trajectory ({exc})") from exc
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as JSON to ``path`` atomically: a temp file in the same folder, fsync, rename.
-
-    Used by every long job so a kill never leaves a half-written file. Returns the path.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def step_messages(step: Step) -> list[dict[str, Any]]:

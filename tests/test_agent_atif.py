@@ -1,4 +1,4 @@
-"""Trajectory conversions (issue 4, item 4): ATIF and chat-message round trips, other agents' ATIF
+"""Trajectory conversions: ATIF and chat-message round trips, other agents' ATIF
 (Terminus-2's layout), Harbor job folders."""
 
 from __future__ import annotations

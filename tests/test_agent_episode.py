@@ -1,4 +1,4 @@
-"""The episode loop and the verifier runner on the real local sandbox (issue 4, item 3): outcomes,
+"""The episode loop and the verifier runner on the real local sandbox: outcomes,
 stop reasons, infrastructure faults, starting from a history in a fork, lock-step batches."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Harbor adapter and the `reterm run` command (issue 4, items 6 and 7): real `harbor run` jobs
+"""The Harbor adapter and the `reterm run` command: real `harbor run` jobs
 with ReTermAgent on the local sandbox, and the CLI on a suite task."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The harness with the real embedded model (issue 4 acceptance): SmolLM2-135M-Instruct completes a
+"""The harness with the real embedded model: SmolLM2-135M-Instruct completes a
 5-turn episode on a suite task through `reterm run` and through the Harbor adapter without crashing,
 and its trajectory round-trips through ATIF and chat messages. Greedy decoding, short turns."""
 

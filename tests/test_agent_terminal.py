@@ -1,4 +1,4 @@
-"""The tmux terminal session on the real local sandbox (issue 4, item 2): output and exit status,
+"""The tmux terminal session on the real local sandbox: output and exit status,
 interactive programs, timeouts, hostile commands, shell state across a fork."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Fuzz test of the action parser: generated malformed model outputs never raise and always map to a
-defined outcome (acceptance of issue 4). Seeded generator, no extra dependency."""
+defined outcome. Seeded generator, no extra dependency."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The action parser and the observation formatter of reterm.agent.protocol (issue 4, item 1)."""
+"""The action parser and the observation formatter of reterm.agent.protocol."""
 
 from __future__ import annotations
 

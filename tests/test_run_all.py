@@ -1,4 +1,4 @@
-"""`bash train/run_all.sh` and its helper `train/stages.py` (issue 11).
+"""`bash train/run_all.sh` and its helper `train/stages.py`.
 
 Fast tests: the stage runner's resume records, memory accounting and invalidation on real processes; the
 stage selection of the shell script (`--dry-run`); the eval config, effective recipe and summary the helper

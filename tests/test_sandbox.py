@@ -1,5 +1,5 @@
 """The local sandbox as a Harbor environment: exec semantics, transfers, Dockerfile builds, snapshot
-and fork, sweep after a crashed owner, refusal without root, and `harbor run` acceptance (issue 2)."""
+and fork, sweep after a crashed owner, refusal without root, and `harbor run` acceptance."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile commands against the local sandbox (issue 2): each test runs something an agent must not
+"""Hostile commands against the local sandbox: each test runs something an agent must not
 be able to do to the host, then checks that the host is unchanged (files, credentials, mounts,
 sysctls, the base layer, a host process) and that the stopped sandbox left nothing behind."""
 

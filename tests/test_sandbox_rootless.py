@@ -1,4 +1,4 @@
-"""Rootless mode of the local sandbox (issue 2): "for users without root, through unprivileged user
+"""Rootless mode of the local sandbox: "for users without root, through unprivileged user
 namespaces ...; where neither is possible it fails at start with a message saying what is missing,
 never half-started".
 
@@ -421,7 +421,7 @@ def test_bad_mode_value_is_refused(monkeypatch, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("agent,reward", [("oracle", 1.0), ("nop", 0.0)])
 def test_harbor_run_as_non_root_user(nobody, agent, reward):
-    """Issue 2's acceptance run, as the non-root user: `harbor run -p hello-file -a AGENT -e local`."""
+    """The sandbox's acceptance run, as the non-root user: `harbor run -p hello-file -a AGENT -e local`."""
     code = f"""
         import os, sys
         os.chdir(os.environ["HOME"])

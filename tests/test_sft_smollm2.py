@@ -1,4 +1,4 @@
-"""Issue 6 acceptance on the real SmolLM2-135M (slow): the CPU recipe trains on the hand-made ReTerm-10K
+"""SFT on the real SmolLM2-135M (slow): the CPU recipe trains on the hand-made ReTerm-10K
 fixture, its training loss falls, the held-out reference recoveries become more likely (printed, and
 checked twice: TRL's eval loss before/after, and the per-record scorer on the base model vs the merged
 checkpoint), and the merged checkpoint runs an episode in the agent harness on a real task in the local

@@ -1,4 +1,4 @@
-"""The one agent harness used by data generation, training, evaluation and the Space (issue 4).
+"""The one agent harness used by data generation, training, evaluation and the Space.
 
 - :mod:`reterm.agent.protocol`: system prompt, tool schemas, message layout, the action parser
   (:func:`~reterm.agent.protocol.parse_action`) and the observation format.

@@ -11,7 +11,7 @@ state: a recovery attempt.
 own :class:`harbor.verifier.verifier.Verifier` (upload ``tests/``, run ``test.sh``, read
 ``/logs/verifier/reward.{json,txt}``), and turns its faults into infrastructure outcomes.
 
-Outcome rules (brief of issue 4; :class:`reterm.trajectory.Outcome`):
+Outcome rules (:class:`reterm.trajectory.Outcome`; infrastructure faults are never agent outcomes):
 
 - ``policy.generate`` raised :class:`reterm.policies.base.EndpointError` -> ``ENDPOINT_ERROR``;
 - the environment failed under the terminal (:class:`reterm.agent.terminal.SandboxError`) -> ``SANDBOX_ERROR``;

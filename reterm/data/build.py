@@ -39,6 +39,7 @@ from reterm.data.config import ConfigError, PipelineConfig, load_config, resolve
 from reterm.data.rollout import RolloutFault
 from reterm.data.state import ConfigMismatchError, Journal
 from reterm.data.tasks import TaskInfo, benchmark_tasks, check_tasks, eval_tasks, select_tasks
+from reterm.io import write_text_atomic
 
 logger = logging.getLogger("pipeline")
 
@@ -404,9 +405,7 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
         "records_by_source": {f"{c}/{s}": n for (c, s), n in sorted(Counter((r["failure_category"], r["failure_source"]) for r in kept).items())},
     }  # fmt: skip
     plots(output / "plots", kept, per_category)
-    tmp = output / ".report.md.tmp"
-    tmp.write_text(markdown(info))
-    tmp.replace(output / "report.md")
+    write_text_atomic(output / "report.md", markdown(info))
     info["paths"] = paths
     if not kept:
         raise BuildError(f"the build kept no records (funnel: {funnel}); see {output / 'report.md'}")

@@ -28,10 +28,11 @@ from typing import Any
 
 import yaml
 
+from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
-from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.io import write_text_atomic
 from reterm.records import FEATURES, release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
@@ -212,9 +213,7 @@ def write_output(output: Path, splits: dict[str, list[dict[str, Any]]], failed: 
     shards = write_dataset_folder(output, splits, stats)
     failed_path = write_parquet(failed, output / FAILED_DIR / "attempts-00000-of-00001.parquet")
     cfg_path = output / "run_config.yaml"
-    tmp = cfg_path.with_name(f".{cfg_path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(cfg.resolved(), sort_keys=False))
-    os.replace(tmp, cfg_path)
+    write_text_atomic(cfg_path, yaml.safe_dump(cfg.resolved(), sort_keys=False))
     vers = write_json_atomic(output / "versions.json", versions())
     return {"shards": [str(p) for name in splits for p in shards[name]], "failed_attempts": str(failed_path),
             "config": str(cfg_path), "versions": str(vers)}  # fmt: skip

@@ -24,9 +24,10 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
+
+from reterm.io import write_text_atomic
 
 # (task, prefix commands, per-command timeout in seconds); the last command is the mistake.
 PREFIXES: list[tuple[str, list[str], float | None]] = [
@@ -95,9 +96,7 @@ def build(tasks: Path, out: Path) -> list[dict]:
     from tqdm import tqdm
 
     rows = [asyncio.run(_state_row(tasks, t, c, to)) for t, c, to in tqdm(PREFIXES, desc="failure states", unit="state")]
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    os.replace(tmp, out)  # atomic
+    write_text_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return rows
 
 

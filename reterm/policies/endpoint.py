@@ -18,7 +18,7 @@ front as ``<think>\\n...\\n</think>\\n\\n``.
 Faults: connection errors, time-outs, HTTP 408/409/429 and 5xx are retried with exponential back-off
 (``backoff_s * 2**attempt``, capped at ``max_backoff_s``, +0-25 % jitter); after ``max_retries``
 retries, or at once for other errors (401 bad key, 404 unknown model, ...), :class:`EndpointError`
-is raised: an infrastructure fault, never an agent failure (issue 4). A 400 that says the prompt
+is raised: an infrastructure fault, never an agent failure. A 400 that says the prompt
 exceeds the context length is not a fault: that conversation gets ``Generation(text="",
 finish_reason="context_length")``, the same as :class:`~reterm.policies.transformers_policy.TransformersPolicy`.
 

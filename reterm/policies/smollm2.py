@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reterm.io import write_text_atomic
+
 EMBEDDED_NAME = "smollm2"
 """The name recipes and ``load_policy`` use for the embedded default model."""
 
@@ -98,13 +100,6 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _build(folder: Path) -> None:
     """De-quantise the GGUF and write a ``save_pretrained`` copy to ``folder`` atomically.
 
@@ -162,7 +157,7 @@ def embedded_model_path() -> Path:
     template = chat_template()
     tpl_file = folder / "chat_template.jinja"
     if not tpl_file.is_file() or tpl_file.read_text() != template:
-        _write_text_atomic(tpl_file, template)
+        write_text_atomic(tpl_file, template, fsync=False)
     return folder
 
 

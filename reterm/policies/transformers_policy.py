@@ -8,7 +8,7 @@ left-padded batch (the episode loop batches GRPO groups and recovery fan-outs). 
 key/value states are kept between turns (:class:`reterm.policies.kv_cache.PrefixKVCache`), so a turn reads
 only the tokens that are new since the last one (``kv_cache=False`` reads the whole prompt every turn).
 
-Loading rules (issue 4, shared notes):
+Loading rules:
 - ``smollm2`` is the embedded default model (:mod:`reterm.policies.smollm2`).
 - A Qwen3.5 checkpoint (``model_type`` ``qwen3_5``/``qwen3_5_moe``, text-only or the vision-language
   layout of the released 9B) is loaded text-only as ``Qwen3_5ForCausalLM``/``Qwen3_5MoeForCausalLM``.

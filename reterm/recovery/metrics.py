@@ -1,6 +1,7 @@
 """Recovery metrics per error category, for the evaluation, the GRPO logs and the dataset report.
 
-Two measurements (issue 8's "recovery analysis" and "recovery evaluation from recorded failure states"):
+Two measurements (the recovery analysis of an evaluation's own trials, and the recovery evaluation from
+recorded failure states):
 
 - :func:`in_trial_recovery` - over ordinary trials: for each error category, how many failure states the
   agent hit (:func:`reterm.recovery.localise.localise`) and how many of those were in trials the

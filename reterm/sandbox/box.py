@@ -2,7 +2,7 @@
 :class:`reterm.sandbox.local.LocalEnvironment`; Harbor-independent).
 
 Own code: Harbor has no container-engine-free environment and bubblewrap has no "exec into a
-running sandbox" or overlay support in the 0.8 release Debian ships (NOTES.md).
+running sandbox" or overlay support in the 0.8 release Debian ships.
 
 How one sandbox is laid out (all measured on this machine, see ``bench/sandbox_fork.py``)::
 
@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reterm.io import write_text_atomic
 from reterm.sandbox import rootless
 from reterm.sandbox.cgroups import Cgroups, open_cgroups
 from reterm.sandbox.errors import ExecTimeoutError, SandboxError  # noqa: F401  (ExecTimeoutError: re-exported)
@@ -543,9 +544,7 @@ class Box:
             "upper": str(self.spec.upper) if self.spec.upper else None,
             "created": self.started_at,
         }
-        tmp = self.rundir / ".state.json.tmp"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.rundir / "state.json")
+        write_text_atomic(self.rundir / "state.json", json.dumps(state), fsync=False)
 
     # -------------------------------------------------------------------------------- exec
     @property

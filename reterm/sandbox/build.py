@@ -8,7 +8,7 @@ Dockerfile and every file of the build context (``.dockerignore`` honoured), so 
 fast. Concurrent builds of the same key wait on a lock and reuse the first one's result.
 
 Supported instructions and the ``FROM`` mapping: see :mod:`reterm.sandbox.dockerfile`.
-Own code: Harbor delegates builds to docker/podman, which this machine does not run (NOTES.md).
+Own code: Harbor delegates builds to docker/podman, which the kit does not require.
 """
 
 from __future__ import annotations

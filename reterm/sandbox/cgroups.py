@@ -1,7 +1,7 @@
 """Control groups for the local sandbox: memory, process count and CPU limits, freeze, kill-all.
 
 Own code because neither Harbor nor a maintained package offers cgroup v1 *and* v2 handling of this
-small surface. Measured here (NOTES.md): the machine runs cgroups v1 "hybrid" (memory, pids, cpu,
+small surface. Hosts may run cgroups v1 "hybrid" (memory, pids, cpu,
 freezer hierarchies writable by root). A cgroup v2-only host is handled through the unified hierarchy
 when the controllers are delegated to our cgroup. Where neither is writable (non-root without
 delegation), :func:`open_cgroups` returns None and the sandbox falls back to rlimits only.

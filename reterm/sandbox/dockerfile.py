@@ -5,7 +5,7 @@ parser in our requirements. This one follows the Dockerfile reference (line cont
 escape character, comments and parser directives, shell and JSON forms, BuildKit heredocs,
 ``$VAR`` / ``${VAR:-default}`` / ``${VAR:+alt}`` substitution in the instructions that take it).
 
-Which instructions the local sandbox supports (issue 2): ``FROM`` of a Debian, Ubuntu or python base
+Which instructions the local sandbox supports: ``FROM`` of a Debian, Ubuntu or python base
 (mapped onto the cached Debian bookworm base, see :func:`map_base_image`), ``RUN``, ``WORKDIR``,
 ``ENV``, ``ARG``, ``COPY``/``ADD`` (no ``--from``), ``USER``, ``SHELL``; harmless metadata
 (``LABEL``, ``EXPOSE``, ``CMD``, ``ENTRYPOINT``, ``VOLUME``, ``STOPSIGNAL``, ``HEALTHCHECK``,

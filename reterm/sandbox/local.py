@@ -14,7 +14,7 @@ directly::
         for f in forks + more: await f.stop(delete=True)
         snap.release()
 
-What it is (issue 2; measured figures in ``bench/sandbox_fork.py``, limits in docs/SANDBOX.md):
+What it is (measured figures in ``bench/sandbox_fork.py``, limits in docs/SANDBOX.md):
 bubblewrap namespaces over overlayfs layers (Debian base from debootstrap, the task's build layer,
 snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network; as root, or without
 root in an unprivileged user namespace (rootless mode, :mod:`reterm.sandbox.rootless`). It is not a VM

@@ -16,7 +16,7 @@ exit code and output can be told apart. A command that ends the shell (``exit``)
 the commands after it are reported as ``missing``. Interactive programs (an editor, a REPL waiting
 for keys) cannot be replayed this way; keep them out of the prefix.
 
-Own code: Harbor has no fork or replay of an environment (NOTES.md).
+Own code: Harbor has no fork or replay of an environment.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which mode the local sandbox runs in (root or rootless), and what the rootless mode needs.
 
-Issue 2: the sandbox "works as root (as on CI) and, for users without root, through unprivileged
+The requirement: the sandbox "works as root (as on CI) and, for users without root, through unprivileged
 user namespaces (bubblewrap's usual mode, overlayfs inside a user namespace); where neither is
 possible it fails at start with a message saying what is missing, never half-started".
 

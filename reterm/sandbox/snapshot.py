@@ -5,10 +5,10 @@ layer, whiteouts included, usable as a read-only overlay layer), ``meta.json`` (
 and what a new sandbox needs to start from it) and ``leases/`` (one file per running sandbox, or
 child snapshot, that uses ``files/`` as a layer). :meth:`Snapshot.release` marks it for deletion;
 the folder goes when the last lease does (a layer must not change under a mounted overlay).
-Processes are not part of a snapshot (CRIU does not work on this kernel, NOTES.md): a sandbox
+Processes are not part of a snapshot (CRIU needs kernel support and privileges a sandbox host may lack): a sandbox
 started from one runs a fresh init with the snapshot's files.
 
-Own code: Harbor environments have no snapshot or fork (NOTES.md).
+Own code: Harbor environments have no snapshot or fork.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from reterm.io import write_text_atomic
 from reterm.sandbox.paths import pid_alive, proc_start_time, rmtree_writable, sub
 
 
@@ -84,9 +85,7 @@ def new_snapshot_dir() -> tuple[str, Path]:
 
 
 def write_meta(path: Path, meta: dict) -> None:
-    tmp = path / ".meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, path / "meta.json")
+    write_text_atomic(path / "meta.json", json.dumps(meta, indent=1), fsync=False)
 
 
 def take_lease(snapshot_dir: Path, name: str | None = None) -> Path:

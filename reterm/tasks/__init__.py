@@ -34,7 +34,7 @@ def load_splits(path: Path | str | None = None) -> dict:
 
     Returns:
         ``{"train": [names], "test": [names], "tasks": {name: {"categories": [...], "difficulty": str}}}``.
-        The test split is never used for data generation or training (issue 3).
+        The test split is never used for data generation or training.
 
     Raises:
         FileNotFoundError: no such file. ``json.JSONDecodeError``: not JSON.

@@ -14,7 +14,7 @@ Each group is a seed row drawn by TRL's ``RepeatSampler`` or, with probability
 ``online_state_fraction``, an online state. Every choice uses a ``random.Random`` seeded by
 ``(seed, step, global group index)``, and new online states are gathered from every process and sorted
 before they are added, so the pool and the choices are identical on every rank (a group may span ranks;
-NOTES.md, TRL 1.16).
+TRL 1.16).
 
 In standard mode (the baseline) the pool holds one *task-start* state per task: the prompt is the
 task's first two messages and the environment is fresh.

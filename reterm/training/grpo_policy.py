@@ -21,7 +21,7 @@ transformers or vLLM; or a scripted function in tests and benchmarks), so the ha
 the observation format are exactly those of the evaluation.
 
 Written for this kit: TRL's tool loop renders tools as Python callables and runs rollouts one after
-another (NOTES.md); the kit's harness needs a :class:`reterm.policies.base.Policy`.
+another; the kit's harness needs a :class:`reterm.policies.base.Policy`.
 """
 
 from __future__ import annotations

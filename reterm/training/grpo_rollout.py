@@ -9,11 +9,11 @@ For a batch of groups (a :class:`reterm.training.failure_pool.PoolState` and a n
    group is dropped and counted; the state is not used again). On the local sandbox the result is
    snapshotted and cached (:class:`reterm.training.failure_pool.SnapshotCache`); an online state
    starts from its parent's cached snapshot and replays only the commands after it. Processes are not
-   part of a snapshot (NOTES.md): a state left inside an interactive program continues at a fresh
+   part of a snapshot: a state left inside an interactive program continues at a fresh
    shell prompt with the same cwd and variables.
 2. **Fork.** Snapshot path: ``LocalEnvironment.from_snapshot(snap, G)`` (G sandboxes with the state's
    files, started concurrently). Replay path (any Harbor environment: docker, daytona, ...): G fresh
-   environments, each replayed; a group with any diverged replay is dropped (issue 7).
+   environments, each replayed; a group with any diverged replay is dropped.
 3. **Attempts.** One :func:`reterm.agent.episode.run_episodes` call over every attempt of every group:
    one ``policy.generate`` per turn for all live attempts, their commands run concurrently, each
    episode continues the state's history (the prompt), then the task's verifier scores it. A new
@@ -24,7 +24,7 @@ For a batch of groups (a :class:`reterm.training.failure_pool.PoolState` and a n
 Rewards: the verifier's reward; infrastructure faults (:attr:`reterm.trajectory.Outcome.is_infra_fault`)
 and dropped groups carry no reward (``None``) and zero loss weight (``mask_reason``).
 
-Written for this kit: Harbor has no fork, TRL's tool loop no environments with state (NOTES.md).
+Written for this kit: Harbor has no fork, TRL's tool loop no environments with state.
 """
 
 from __future__ import annotations

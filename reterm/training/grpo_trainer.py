@@ -9,7 +9,7 @@ is TRL's):
   (:class:`reterm.training.grpo_rollout.RolloutEngine`: forks of the state, one batched generation per
   turn, commands of all attempts concurrently, the task's verifier), then hands TRL the exact token ids
   through TRL's ``rollout_func`` contract (``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask``).
-  TRL's own tool loop (sequential rollouts, NOTES.md) is not used.
+  TRL's own tool loop (sequential rollouts) is not used.
 - **Generation** goes through TRL's own backend (``GRPOTrainer._generate_single_turn``: transformers, or
   vLLM when ``use_vllm``) with the turn's token budget, from the token ids the model produced so far
   (:class:`reterm.training.grpo_policy.TokenTrajectoryPolicy`). With transformers generation and ``kv_cache``

@@ -5,7 +5,7 @@ rendered with tools by the chat template) and is scored on the reference recover
 exactly the tokens SFT trains on (:func:`tokenize_for_loss` reproduces TRL ``SFTTrainer``'s
 prompt/completion tokenisation with ``assistant_only_loss``; ``tests/test_sft_data.py`` checks that they
 agree token for token). After a working SFT run the SFT model gives the reference recoveries a higher
-log-likelihood (a lower NLL per token) than its base model (issue 6's acceptance check).
+log-likelihood (a lower NLL per token) than its base model (the check that SFT learnt the recoveries).
 
 TRL computes only the mean loss over a dataset (``trainer.evaluate()``, used during training); this
 module adds per-record figures and the base-vs-SFT table, which TRL does not have.

@@ -8,7 +8,7 @@ Names a recipe may use for ``model_name_or_path`` besides a local folder or a Hu
 
 Qwen3.5 checkpoints (``model_type: qwen3_5``) are vision-language models by default; text-only training
 loads them as ``Qwen3_5ForCausalLM``, which reads the language model's weights and skips the vision
-tower (transformers 5.24; NOTES.md).
+tower (transformers 5.24).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ import io
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from reterm.io import write_bytes_atomic as _write_bytes_atomic
 from reterm.trajectory import write_json_atomic
 
 CURVE_COLUMNS = (
@@ -53,14 +53,8 @@ PACKAGES = (
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then rename; mode 0644)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    """Write ``data`` to ``path`` atomically with mode 0644 (:func:`reterm.io.write_bytes_atomic`)."""
+    return _write_bytes_atomic(path, data, mode=0o644, fsync=False)
 
 
 def write_csv_atomic(path: Path, fieldnames: list[str], rows: list[dict[str, Any]]) -> Path:

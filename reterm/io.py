@@ -1,0 +1,53 @@
+"""Atomic file writes: the one way the kit writes a file that a kill must never leave half-written.
+
+Each writes a temporary file in the target's folder (so the rename stays on one file system), then
+renames it over the target with :func:`os.replace`: a reader sees the old file or the new one, never a
+part. The temporary file is removed when writing fails. Parent folders are created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, *, mode: int | None = None, fsync: bool = True) -> Path:
+    """Write ``data`` to ``path`` atomically. Returns the path.
+
+    Args:
+        mode: permission bits of the new file (default: those of :func:`tempfile.mkstemp`, 0600).
+        fsync: flush the data to disk before the rename (a crash of the machine then leaves the old or
+            the new file, not an empty one); off for files that only matter while the machine is up.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str, *, mode: int | None = None, fsync: bool = True) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_bytes_atomic`). Returns the path."""
+    return write_bytes_atomic(path, text.encode("utf-8"), mode=mode, fsync=fsync)
+
+
+def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 1, fsync: bool = True) -> Path:
+    """Write ``obj`` as JSON (UTF-8, non-ASCII kept) to ``path`` atomically. Returns the path.
+
+    Used by every long job so a kill never leaves a half-written file.
+    """
+    return write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False), fsync=fsync)
