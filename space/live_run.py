@@ -81,7 +81,7 @@ def sandbox_availability() -> tuple[bool, str]:
                        "run the app on a machine with root and bubblewrap (`python space/app.py`) for live runs.")  # fmt: skip
     except Exception as exc:  # an unexpected probe failure: say it, do not crash the app
         return False, f"Live mode is off: the sandbox check failed ({type(exc).__name__}: {exc})."
-    from reterm.sandbox.base import find_base
+    from reterm.sandbox.base_image import find_base
 
     if find_base() is None:
         return True, ("The sandbox's base image is not built yet: the first live run builds it "

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from reterm.sandbox.base import find_base
+from reterm.sandbox.base_image import find_base
 from reterm.sandbox.box import live_boxes
 from reterm.sandbox.paths import sub
 

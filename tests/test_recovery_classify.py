@@ -23,7 +23,7 @@ from reterm.recovery import (
     parse_judge_answer,
 )
 from reterm.recovery import shell
-from reterm.recovery.evaluate import score
+from reterm.recovery.classifier_eval import score
 from reterm.recovery.taxonomy import FAILURE_CATEGORIES, LABELS, parse_category
 
 REPO = Path(__file__).resolve().parents[1]

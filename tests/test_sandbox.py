@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from harbor.environments.base import SandboxBuildFailedError
 
-from reterm.sandbox.base import find_base
+from reterm.sandbox.base_image import find_base
 from reterm.sandbox.box import ExecTimeoutError, SandboxError, live_boxes
 from reterm.sandbox.dockerfile import DockerfileError
 from reterm.sandbox.local import LocalEnvironment

@@ -83,7 +83,7 @@ def test_writing_host_paths_only_writes_the_sandbox(guard):
 
 
 def test_host_shadow_is_not_the_sandbox_shadow(guard):
-    from reterm.sandbox.base import find_base
+    from reterm.sandbox.base_image import find_base
 
     r = run(guard.sandbox(lambda env: env.exec("cat /etc/shadow")))
     assert r.stdout == (find_base().rootfs / "etc/shadow").read_text()
@@ -228,7 +228,7 @@ def test_symlink_escape_through_download_dir(guard, tmp_path):
     assert (dest / "sub" / "inside").resolve() == (dest / "ok.txt").resolve()  # links inside are kept
     for name in ("abs", "rel", "root"):
         assert not (dest / name).exists() and not (dest / name).is_symlink(), f"{name} escaped"
-    from reterm.sandbox.base import find_base
+    from reterm.sandbox.base_image import find_base
 
     assert shadow == (find_base().rootfs / "etc/shadow").read_text()  # the sandbox's, not the host's
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*outside_before, "download", "abs-file"])

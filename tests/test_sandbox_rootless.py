@@ -163,7 +163,7 @@ def nobody():
     """The non-root user with HOME/RETERM_CACHE in a fresh folder it owns; its cache holds the
     root-built base handed over to it (owned by it, as a base it built itself would be: through an
     idmapped mount, else a copy)."""
-    from reterm.sandbox.base import ensure_base
+    from reterm.sandbox.base_image import ensure_base
 
     if os.geteuid() != 0:
         pytest.skip("acting as another user needs root")
@@ -494,7 +494,7 @@ def test_rootless_base_build_from_nothing_and_apt_in_a_build_step():
         import asyncio, json, os, sys
         from reterm.sandbox.cli import main
         assert main(["prepare"]) == 0
-        from reterm.sandbox.base import find_base
+        from reterm.sandbox.base_image import find_base
         from reterm.sandbox.local import LocalEnvironment
         base = find_base()
         async def go():

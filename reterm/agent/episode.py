@@ -14,7 +14,7 @@ own :class:`harbor.verifier.verifier.Verifier` (upload ``tests/``, run ``test.sh
 Outcome rules (:class:`reterm.trajectory.Outcome`; infrastructure faults are never agent outcomes):
 
 - ``policy.generate`` raised :class:`reterm.policies.base.EndpointError` -> ``ENDPOINT_ERROR``;
-- the environment failed under the terminal (:class:`reterm.agent.terminal.SandboxError`) -> ``SANDBOX_ERROR``;
+- the environment failed under the terminal (:class:`reterm.agent.terminal.EnvironmentFault`) -> ``SANDBOX_ERROR``;
 - any other exception in the harness -> ``HARNESS_ERROR`` with the message;
 - the verifier crashed or wrote no reward -> ``VERIFIER_ERROR``; it ran over its time -> ``VERIFIER_TIMEOUT``;
 - otherwise the verifier's reward decides ``SUCCESS``/``FAILURE``, whatever stopped the agent
@@ -43,7 +43,7 @@ from reterm.agent.protocol import (
     count_parse_outcomes,
     parse_action,
 )
-from reterm.agent.terminal import SandboxError, ShellState, TerminalSession
+from reterm.agent.terminal import EnvironmentFault, ShellState, TerminalSession
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -169,7 +169,7 @@ def _fault(exc: BaseException) -> tuple[Outcome, str]:
     """(outcome, message) of an exception raised while running an episode."""
     if isinstance(exc, EndpointError):
         return Outcome.ENDPOINT_ERROR, f"model endpoint: {exc}"
-    if isinstance(exc, SandboxError):
+    if isinstance(exc, EnvironmentFault):
         return Outcome.SANDBOX_ERROR, f"sandbox: {exc}"
     tb = traceback.extract_tb(exc.__traceback__)
     where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""

@@ -150,7 +150,7 @@ exit 0
 _PANE_DEAD_RE = re.compile(r"\n*^Pane is dead \([^\n]*\)\s*$", re.MULTILINE)
 
 
-class SandboxError(RuntimeError):
+class EnvironmentFault(RuntimeError):
     """The environment failed under the terminal (``exec`` raised or timed out, tmux cannot start).
 
     An infrastructure fault (:attr:`reterm.trajectory.Outcome.SANDBOX_ERROR`), never an agent failure.
@@ -316,7 +316,7 @@ class TerminalSession:
         state_dir: folder inside the environment for the hook's files and the tmux socket.
         idle_s: seconds without screen change after which a program waiting for input ends the wait.
         interrupt_grace_s: seconds a program gets to stop after Ctrl-C before its process group is killed.
-        exec_timeout_s: bound on each control ``exec`` (a hung environment becomes :class:`SandboxError`).
+        exec_timeout_s: bound on each control ``exec`` (a hung environment becomes :class:`EnvironmentFault`).
     """
 
     def __init__(
@@ -359,7 +359,7 @@ class TerminalSession:
     async def _exec(self, command: str, timeout: float | None = None) -> tuple[int, str, str]:
         """Run a control command in the environment: (return code, stdout, stderr).
 
-        Raises :class:`SandboxError` when ``exec`` itself fails or exceeds its bound.
+        Raises :class:`EnvironmentFault` when ``exec`` itself fails or exceeds its bound.
         """
         self.exec_calls += 1
         bound = int(timeout or self.exec_timeout_s)
@@ -368,15 +368,15 @@ class TerminalSession:
                 self.environment.exec(command=command, timeout_sec=bound, user=self.user), timeout=bound + 10
             )
         except asyncio.TimeoutError as exc:
-            raise SandboxError(f"environment exec did not return within {bound + 10} s: {command[:80]!r}") from exc
+            raise EnvironmentFault(f"environment exec did not return within {bound + 10} s: {command[:80]!r}") from exc
         except Exception as exc:
-            raise SandboxError(f"environment exec failed: {type(exc).__name__}: {exc}") from exc
+            raise EnvironmentFault(f"environment exec failed: {type(exc).__name__}: {exc}") from exc
         return result.return_code, result.stdout or "", result.stderr or ""
 
     async def _write_file(self, path: str, content: str) -> None:
         rc, _, err = await self._exec(f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}")
         if rc != 0:
-            raise SandboxError(f"cannot write {path} in the environment: {err.strip()}")
+            raise EnvironmentFault(f"cannot write {path} in the environment: {err.strip()}")
 
     async def _poll(
         self, mode: str = "auto", n0: int = 1 << 30, start: int = 0, proc: bool = False, send: str | None = None
@@ -412,7 +412,7 @@ class TerminalSession:
             **kwargs: options of :class:`TerminalSession`.
 
         Raises:
-            SandboxError: tmux is missing and cannot be installed, or the shell does not come up.
+            EnvironmentFault: tmux is missing and cannot be installed, or the shell does not come up.
         """
         session = cls(environment, **kwargs)
         await session._boot(restore, cwd)
@@ -449,7 +449,7 @@ class TerminalSession:
         writes = "; ".join(f"printf '%s' {shlex.quote(body)} > {d}/{name}" for name, body in files.items())
         rc, _, err = await self._exec(f"{self._tmux} kill-server 2>/dev/null; rm -rf {d} && mkdir -p {d} && {writes}")
         if rc != 0:
-            raise SandboxError(f"cannot create the terminal's state folder {self.state_dir}: {err.strip()}")
+            raise EnvironmentFault(f"cannot create the terminal's state folder {self.state_dir}: {err.strip()}")
         await self._start_server(cwd)
 
     def _files(self) -> dict[str, str]:
@@ -470,7 +470,7 @@ class TerminalSession:
         )
         rc, _, _ = await self._exec(cmd, timeout=180)
         if rc != 0:
-            raise SandboxError("tmux is not installed in the environment and could not be installed")
+            raise EnvironmentFault("tmux is not installed in the environment and could not be installed")
 
     @staticmethod
     def _restore_script(state: ShellState) -> str:
@@ -491,7 +491,7 @@ class TerminalSession:
             f" && {self._tmux} display-message -p '#{{pid}}'"
         )
         if rc != 0:
-            raise SandboxError(f"tmux failed to start in the environment: {err.strip()}")
+            raise EnvironmentFault(f"tmux failed to start in the environment: {err.strip()}")
         self._server_pid = int(out.strip()) if out.strip().isdigit() else None
         await self._wait_ready()
 
@@ -505,7 +505,7 @@ class TerminalSession:
                 self.busy = None
                 return p
             if time.monotonic() > deadline:
-                raise SandboxError(f"the shell in the terminal did not show its prompt within {timeout:g} s "
+                raise EnvironmentFault(f"the shell in the terminal did not show its prompt within {timeout:g} s "
                                    f"({p.error or p.capture.strip()[-200:]!r})")  # fmt: skip
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.2)
@@ -514,19 +514,19 @@ class TerminalSession:
         """Kill the tmux server of this session (the environment itself is left running)."""
         try:
             await self._exec(f"{self._tmux} kill-server 2>/dev/null; true", timeout=10)
-        except SandboxError:
+        except EnvironmentFault:
             pass
 
     async def shell_state(self) -> ShellState:
         """The cwd and exported variables as of the last prompt (what a fork needs to continue).
 
-        Raises :class:`SandboxError` when the hook's files cannot be read.
+        Raises :class:`EnvironmentFault` when the hook's files cannot be read.
         """
         state = await self._read_state()
         if state is None:
             if self._last_state is not None:
                 return self._last_state
-            raise SandboxError(f"no shell state in {self.state_dir} (the session never showed a prompt)")
+            raise EnvironmentFault(f"no shell state in {self.state_dir} (the session never showed a prompt)")
         self._last_state = state
         return state
 
@@ -559,7 +559,7 @@ class TerminalSession:
         self.restarts += 1
         try:
             state = await self._read_state() or self._last_state
-        except SandboxError:
+        except EnvironmentFault:
             state = self._last_state
         if state is not None:
             self._last_state = state
@@ -647,7 +647,7 @@ class TerminalSession:
         :data:`reterm.agent.protocol.SPECIAL_KEYS` presses that key; an empty command only waits.
 
         Raises:
-            SandboxError: the environment's ``exec`` failed (an infrastructure fault).
+            EnvironmentFault: the environment's ``exec`` failed (an infrastructure fault).
         """
         timeout = float(min(max(timeout or DEFAULT_COMMAND_TIMEOUT_S, 0.1), MAX_COMMAND_TIMEOUT_S))
         t0 = time.monotonic()
@@ -665,7 +665,7 @@ class TerminalSession:
             at_prompt = True
             pre = await self._poll("line", send=await self._send(command, at_prompt))
         if pre.error:
-            raise SandboxError(f"cannot type into the terminal: {pre.error[:300]}")
+            raise EnvironmentFault(f"cannot type into the terminal: {pre.error[:300]}")
         self._typed_at_prompt, self._typed_into_screen = at_prompt, pre.alternate
         n0, start = pre.count, pre.cursor_y
         if command.strip() == "" and at_prompt:

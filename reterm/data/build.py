@@ -243,7 +243,7 @@ def choose_items(items: list[Any], max_states: int | None) -> list[Any]:
 
 
 def stage_recovery(cfg: PipelineConfig, journal: Journal, items: list[Any], tasks: list[TaskInfo]) -> dict[str, Any]:
-    from reterm.data.recover import run_all
+    from reterm.data.recover import recover_all
     from reterm.data.teacher import OracleGuidedTeacher, load_recovery_policy
 
     task_dirs = {t.id: t.path for t in tasks}
@@ -267,7 +267,7 @@ def stage_recovery(cfg: PipelineConfig, journal: Journal, items: list[Any], task
                                                                      "diverged_attempts": 0, "attempts": []})  # fmt: skip
                 todo = ready
             bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="failure states", unit="state")
-            asyncio.run(run_all(todo, policy, cfg.recovery, cfg.recovery_environment, task_dirs,
+            asyncio.run(recover_all(todo, policy, cfg.recovery, cfg.recovery_environment, task_dirs,
                                 lambda it, unit: journal.write_unit("recovery", it.state.id, unit), cfg.seed, bar))  # fmt: skip
             bar.close()
         units = {i.state.id: journal.read_unit("recovery", i.state.id) for i in items}

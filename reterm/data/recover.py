@@ -210,7 +210,7 @@ def reseed(policy: Any, seed: int) -> None:
         torch.manual_seed(seed)
 
 
-async def run_all(items: list[WorkItem], policy: Any, cfg: RecoveryConfig, spec: EnvironmentConfig,
+async def recover_all(items: list[WorkItem], policy: Any, cfg: RecoveryConfig, spec: EnvironmentConfig,
                   tasks: dict[str, Path], done: Any, seed: int, progress: Any = None) -> None:  # fmt: skip
     """Run :func:`run_attempts` for every item, ``cfg.concurrency`` at a time, calling
     ``done(item, unit)`` as each finishes (the caller writes the unit atomically)."""

@@ -9,7 +9,7 @@
 """
 
 from reterm.recovery.classify import Classification, StepRecord, classify_step
-from reterm.recovery.evaluate import ClassificationReport, evaluate, load_labelled
+from reterm.recovery.classifier_eval import ClassificationReport, evaluate, load_labelled
 from reterm.recovery.judge import Classifier, LLMJudge, parse_judge_answer
 from reterm.recovery.localise import FailureState, InfraTag, LocalisationResult, localise, localise_many, step_records
 from reterm.recovery.metrics import (

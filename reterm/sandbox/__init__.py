@@ -6,7 +6,7 @@
 - :mod:`reterm.sandbox.box` — one running sandbox (bubblewrap + overlayfs + cgroups).
 - :mod:`reterm.sandbox.rootless` — root or rootless mode (unprivileged user namespaces) and its checks.
 - :mod:`reterm.sandbox.build` / :mod:`reterm.sandbox.dockerfile` — the task layer from a Dockerfile.
-- :mod:`reterm.sandbox.base` — the cached Debian base root filesystem (debootstrap).
+- :mod:`reterm.sandbox.base_image` — the cached Debian base root filesystem (debootstrap).
 - :mod:`reterm.sandbox.snapshot`, :mod:`reterm.sandbox.sweep`, :mod:`reterm.sandbox.cgroups`,
   :mod:`reterm.sandbox.paths`, :mod:`reterm.sandbox.preflight`, :mod:`reterm.sandbox.cli`.
 

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from harbor.environments.base import SandboxBuildFailedError
 
 from reterm.sandbox import dockerfile as df
-from reterm.sandbox.base import BaseImage
+from reterm.sandbox.base_image import BaseImage
 from reterm.sandbox.box import CA_ENV_VARS, DEFAULT_PATH, HOST_CA_PATH, Box, BoxSpec, host_ca_bundle
 from reterm.sandbox.paths import file_lock, rmtree_writable, sub
 from reterm.sandbox.rootless import sandbox_mode

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[sandbox] %(message)s")
 
     if args.cmd == "prepare":
-        from reterm.sandbox.base import ensure_base
+        from reterm.sandbox.base_image import ensure_base
         from reterm.sandbox.preflight import missing_tools
         from reterm.sandbox.sweep import sweep
 

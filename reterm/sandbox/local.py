@@ -49,7 +49,7 @@ from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 from pydantic import Field
 
 from reterm.sandbox import snapshot as snapmod
-from reterm.sandbox.base import ensure_base
+from reterm.sandbox.base_image import ensure_base
 from reterm.sandbox.box import DEFAULT_PATH, Box, BoxSpec, ExecTimeoutError, SandboxError
 from reterm.sandbox.build import TaskLayer, ensure_layer
 from reterm.sandbox.paths import rmtree_writable

@@ -47,7 +47,7 @@ class TaskCheck:
 
 def _build(loaded: LoadedTask) -> tuple[bool, str | None, float]:
     """Build (or find cached) the task's layer on the local sandbox. Returns (ok, error, build seconds)."""
-    from reterm.sandbox.base import ensure_base
+    from reterm.sandbox.base_image import ensure_base
     from reterm.sandbox.build import ensure_layer
 
     t0 = time.monotonic()
