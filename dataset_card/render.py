@@ -1,6 +1,7 @@
 """``python dataset_card/render.py FOLDER --repo-id ORG/NAME``: render the dataset card.
 
-Run from the repository root; the code is :mod:`reterm.cards.dataset` (also ``python -m reterm.cards.dataset`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.cards.dataset`
+(also ``python -m reterm.cards.dataset`` from anywhere).
 """
 
 import sys

@@ -1,6 +1,7 @@
 """``python -m eval.drills --tasks DRILLS --model NAME=SPEC ... --output DIR``: models on the recovery drills.
 
-Run from the repository root; the code is :mod:`reterm.eval.drills` (also ``python -m reterm.eval.drills`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.eval.drills`
+(also ``python -m reterm.eval.drills`` from anywhere).
 """
 
 import sys

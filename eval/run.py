@@ -1,6 +1,7 @@
 """``python -m eval.run --config eval/configs/NAME.yaml``: evaluate models through Harbor.
 
-Run from the repository root; the code is :mod:`reterm.eval.run` (also ``python -m reterm.eval.run`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.eval.run`
+(also ``python -m reterm.eval.run`` from anywhere).
 """
 
 import sys

@@ -1,6 +1,7 @@
 """``python model_card/render.py CHECKPOINT --repo-id ORG/NAME --recipe R``: render the model card.
 
-Run from the repository root; the code is :mod:`reterm.cards.model` (also ``python -m reterm.cards.model`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.cards.model`
+(also ``python -m reterm.cards.model`` from anywhere).
 """
 
 import sys

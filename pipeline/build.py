@@ -1,6 +1,7 @@
 """``python -m pipeline.build --config pipeline/configs/smoke.yaml --output DIR``: build the recovery dataset.
 
-Run from the repository root; the code is :mod:`reterm.data.build` (also ``python -m reterm.data.build`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.data.build`
+(also ``python -m reterm.data.build`` from anywhere).
 """
 
 import sys

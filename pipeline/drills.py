@@ -1,6 +1,7 @@
 """``python -m pipeline.drills --tasks DRILLS --output DIR``: a recovery dataset from the recovery drills.
 
-Run from the repository root; the code is :mod:`reterm.data.drills` (also ``python -m reterm.data.drills`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.data.drills`
+(also ``python -m reterm.data.drills`` from anywhere).
 """
 
 import sys

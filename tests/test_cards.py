@@ -11,9 +11,9 @@ import pytest
 from huggingface_hub import DatasetCard, ModelCard
 
 from reterm.cards.dataset import COLUMN_DOCS, render_dataset_card
-from reterm.data.dataset_stats import load_stats
-from reterm.cards.model_inputs import load_recipe, load_results
 from reterm.cards.model import render_model_card
+from reterm.cards.model_inputs import load_recipe, load_results
+from reterm.data.dataset_stats import load_stats
 from reterm.hub_metadata import check_readme, size_category, validate_card_metadata
 from reterm.records import FEATURES
 

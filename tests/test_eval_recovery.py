@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reterm.eval import recovery
 from reterm.agent.protocol import format_observation, initial_messages, step_messages
+from reterm.eval import recovery
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.records import normalise_message
 from reterm.trajectory import Action, Step

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reterm.agent.environments import LOCAL_ENVIRONMENT
 from reterm.eval import run
 from reterm.eval.report import markdown, write_report
-from reterm.agent.environments import LOCAL_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"

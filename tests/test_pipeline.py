@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reterm.agent.protocol import SYSTEM_PROMPT, parse_action
 from reterm.data import filters, inject
 from reterm.data.config import ConfigError, FiltersConfig, PipelineConfig, TasksConfig, load_config
 from reterm.data.recover import WorkItem
@@ -17,7 +18,6 @@ from reterm.data.state import ConfigMismatchError, Journal
 from reterm.data.tasks import select_tasks
 from reterm.data.teacher import OracleGuidedTeacher, prefix_messages, resume_position
 from reterm.data.write import make_record, records_from_unit
-from reterm.agent.protocol import SYSTEM_PROMPT, parse_action
 from reterm.recovery import localise
 from reterm.tasks import load_splits, solution_steps
 from reterm.trajectory import Action, Outcome, Step, Trajectory

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.data.config import EnvironmentConfig, RecoveryConfig
 from reterm.data.environments import can_fork, make_environment, stop_quietly
 from reterm.data.recover import WorkItem, run_attempts
 from reterm.data.teacher import OracleGuidedTeacher
-from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.recovery import localise
 from reterm.trajectory import Action, Outcome, Step, Trajectory
 from sandbox_support import run

@@ -1,6 +1,7 @@
 """``python eval/states/build_states.py``: write the held-out failure states ``eval/states/test_split.jsonl``.
 
-Run from the repository root; the code is :mod:`reterm.eval.states` (also ``python -m reterm.eval.states`` from anywhere).
+Run from the repository root; the code is :mod:`reterm.eval.states`
+(also ``python -m reterm.eval.states`` from anywhere).
 """
 
 import sys

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from reterm.trajectory import Action, Step, step_messages  # noqa: F401  (step_messages: the message layout, re-exported)
+# step_messages (the message layout) lives with the trajectory schema and is re-exported here
+from reterm.trajectory import Action, Step, step_messages  # noqa: F401
 
 PROMPT_VERSION = "v2"
 """Version of the system prompt and tool schema below (stored in every record's and trajectory's metadata).

@@ -16,7 +16,7 @@ and field, before anything is uploaded.
 
 Command line (writes the card next to the data, or to ``--out``)::
 
-    python -m reterm.cards.dataset FOLDER --repo-id ORG/NAME [--out README.md]
+    python dataset_card/render.py FOLDER --repo-id ORG/NAME [--out README.md]
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 from huggingface_hub import DatasetCard, DatasetCardData
 
-from reterm.data.layout import dataset_shards
 from reterm.data.dataset_stats import DatasetStats, load_stats
+from reterm.data.layout import dataset_shards
 from reterm.hub_metadata import check_readme, size_category
 
 TEMPLATE = Path(__file__).with_name("templates") / "dataset.md"
@@ -357,8 +357,8 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reterm.cards.dataset FOLDER --repo-id ORG/NAME [--out PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m reterm.cards.dataset", description="Render the dataset card.")
+    """``python dataset_card/render.py FOLDER --repo-id ORG/NAME [--out PATH]``."""
+    parser = argparse.ArgumentParser(prog="python dataset_card/render.py", description="Render the dataset card.")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repo-id", required=True)
     parser.add_argument("--out", type=Path, help="where to write the card (default: FOLDER/README.md)")

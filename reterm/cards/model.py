@@ -25,7 +25,7 @@ card is returned.
 
 Command line::
 
-    python -m reterm.cards.model CHECKPOINT --repo-id ORG/NAME [--recipe sft.yaml [--recipe grpo.yaml]] \\
+    python model_card/render.py CHECKPOINT --repo-id ORG/NAME [--recipe sft.yaml [--recipe grpo.yaml]] \\
         [--results eval/results.json] [--eval-name NAME] [--base-model ORG/BASE] [--dataset ORG/DATA] [--out PATH]
 """
 
@@ -436,8 +436,8 @@ def _json_or_empty(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reterm.cards.model CHECKPOINT --repo-id ORG/NAME --recipe R [...]`` (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m reterm.cards.model", description="Render the model card.")
+    """``python model_card/render.py CHECKPOINT --repo-id ORG/NAME --recipe R [...]`` (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python model_card/render.py", description="Render the model card.")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repo-id", required=True)
     parser.add_argument("--recipe", action="append", type=Path)

@@ -1,7 +1,8 @@
 """The ReTerm-10K data pipeline: from an agent's failed runs to a Hub-ready dataset of verified recoveries.
 
 ``python -m pipeline.build --config pipeline/configs/smoke.yaml --output DIR`` from the repository root (or
-``reterm data build``, or ``python -m reterm.data.build``) runs the stages below; :mod:`reterm.data.build` has the overview and :file:`pipeline/README.md` the usage.
+``reterm data build``, or ``python -m reterm.data.build``) runs the stages below; :mod:`reterm.data.build`
+has the overview and :file:`pipeline/README.md` the usage.
 
 - :mod:`reterm.data.config` - the typed YAML config of a build.
 - :mod:`reterm.data.state` - the resumable stage journal (atomic unit files, stage markers).

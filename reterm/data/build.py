@@ -1,4 +1,4 @@
-"""``python -m reterm.data.build --config pipeline/configs/smoke.yaml --output DIR`` (or ``reterm data build``).
+"""``python -m pipeline.build --config pipeline/configs/smoke.yaml --output DIR`` (or ``reterm data build``).
 
 Builds a ReTerm-10K-style recovery dataset in ``DIR``:
 
@@ -426,7 +426,7 @@ def _parse_set(values: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m reterm.data.build`` and ``reterm data build``. Returns the exit status."""
+    """Entry point of ``python -m pipeline.build`` and ``reterm data build``. Returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="reterm data build",
         description="Build the ReTerm-10K recovery dataset: rollouts -> failure states -> forked recovery "

@@ -1,4 +1,4 @@
-"""``python -m reterm.data.drills --tasks DRILLS --output DIR``: a recovery dataset from the recovery drills, in
+"""``python -m pipeline.drills --tasks DRILLS --output DIR``: a recovery dataset from the recovery drills, in
 the release's protocol (attempt-level failure states, ``target_attempt_index = 2``).
 
 Failure states come from two sources, both on the drills' ``train`` split (``DRILLS/splits.json``):
@@ -36,8 +36,8 @@ from typing import Any
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.policies.scripted import OraclePolicy
-from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.records import release_columns
+from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.trajectory import Outcome
 
 
@@ -222,7 +222,7 @@ def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reterm.data.drills", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.drills", description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", required=True, type=Path, help="a drills folder (reterm tasks drills --out ...)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--policy", default="smollm2", help="whose own failed attempts to mine ('' for injected only)")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
               own_tasks=a.own_tasks)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"reterm.data.drills: {exc}", file=sys.stderr)
+        print(f"pipeline.drills: {exc}", file=sys.stderr)
         return 2
     return 0
 

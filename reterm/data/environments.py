@@ -2,8 +2,8 @@
 
 The rollout stage lets Harbor's ``Job`` make its environments (:func:`harbor_environment_config`, the same
 translation as the evaluation's, :func:`reterm.agent.environments.harbor_environment_config`); recovery
-attempts and injected runs need environments of their own (a failure state is rebuilt in a fresh one), built here from the YAML
-``environment:`` by the kit's one builder, :func:`reterm.agent.environments.make_environment`. ``local`` is
+attempts and injected runs need environments of their own (a failure state is rebuilt in a fresh one),
+built here from the YAML ``environment:`` by the kit's one builder, :func:`reterm.agent.environments.make_environment`. ``local`` is
 :class:`reterm.sandbox.local.LocalEnvironment` (snapshot + fork); a recipe names environments the same way
 everywhere, and every episode gets its task's network policy.
 """

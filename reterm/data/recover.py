@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reterm.data.config import EnvironmentConfig, RecoveryConfig
-from reterm.data.environments import can_fork, make_environment, stop_quietly
 from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.terminal import TerminalSession
+from reterm.data.config import EnvironmentConfig, RecoveryConfig
+from reterm.data.environments import can_fork, make_environment, stop_quietly
 from reterm.recovery import FailureState
 from reterm.trajectory import Trajectory
 

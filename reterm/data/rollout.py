@@ -28,9 +28,9 @@ from typing import Any
 
 from harbor.environments.base import BaseEnvironment
 
+from reterm.agent.harbor import ReTermAgent
 from reterm.data.config import PipelineConfig
 from reterm.data.tasks import TaskInfo
-from reterm.agent.harbor import ReTermAgent
 from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""``python -m reterm.eval.drills --tasks DRILLS --model NAME=SPEC ... --output DIR``: models on the recovery drills,
+"""``python -m eval.drills --tasks DRILLS --model NAME=SPEC ... --output DIR``: models on the recovery drills,
 in the release's protocol, with 95% intervals.
 
 For each model (greedy decoding, the kit's one harness and prompt):
@@ -231,7 +231,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reterm.eval.drills", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", required=True, type=Path)
     p.add_argument("--model", action="append", required=True, metavar="NAME=SPEC",
                    help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order)")
@@ -248,13 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     for m in a.model:
         name, sep, spec = m.partition("=")
         if not sep or not name or not spec:
-            print(f"reterm.eval.drills: --model {m!r}: expected NAME=SPEC", file=sys.stderr)
+            print(f"eval.drills: --model {m!r}: expected NAME=SPEC", file=sys.stderr)
             return 2
         models[name] = spec
     try:
         splits = read_splits(a.tasks)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"reterm.eval.drills: {exc}", file=sys.stderr)
+        print(f"eval.drills: {exc}", file=sys.stderr)
         return 2
     id_dirs = [a.tasks / n for n in splits.get("test", [])][: a.max_id]
     ood_dirs = [a.tasks / n for n in splits.get("test_ood", [])][: a.max_ood]

@@ -1,4 +1,4 @@
-"""``python -m reterm.eval.run --config eval/configs/NAME.yaml`` (or ``reterm eval ...``): evaluate models through Harbor.
+"""``python -m eval.run --config eval/configs/NAME.yaml`` (or ``reterm eval ...``): evaluate models through Harbor.
 
 One Harbor job per model entry of the config (built with Harbor's Python API: :class:`harbor.job.Job`
 from a :class:`harbor.models.job.config.JobConfig`), all on the same dataset, environment, trials and
@@ -330,7 +330,8 @@ def harbor_dataset(spec: DatasetSpec) -> "Any":
 
 
 def harbor_environment(spec: EnvironmentSpec) -> "Any":
-    """The Harbor :class:`EnvironmentConfig` of ``spec`` (:func:`reterm.agent.environments.harbor_environment_config`)."""
+    """The Harbor :class:`EnvironmentConfig` of ``spec``
+    (:func:`reterm.agent.environments.harbor_environment_config`)."""
     return harbor_environment_config(spec.type, spec.kwargs, spec.force_build)
 
 
@@ -452,7 +453,7 @@ def _summary_table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m reterm.eval.run`` and ``reterm eval``. Returns the exit status."""
+    """Entry point of ``python -m eval.run`` and ``reterm eval``. Returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="reterm eval",
         description="Evaluate models through Harbor: Pass@1 ± stderr, pass@k, recovery rates per error "

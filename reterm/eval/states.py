@@ -101,10 +101,12 @@ def build(tasks: Path, out: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python eval/states/build_states.py`` (or ``python -m reterm.eval.states``): write the state set and print one line per state."""
+    """``python eval/states/build_states.py`` (or ``python -m reterm.eval.states``): write the state set and
+    print one line per state."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=Path, default=Path("tasks"))
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "eval" / "states" / "test_split.jsonl")
+    default_out = Path(__file__).resolve().parents[2] / "eval" / "states" / "test_split.jsonl"
+    p.add_argument("--out", type=Path, default=default_out)
     a = p.parse_args(argv)
     rows = build(a.tasks, a.out)
     for r in rows:

@@ -5,11 +5,11 @@
 - :mod:`.judge` - ``Classifier``: rules first, an optional ``LLMJudge`` through any policy.
 - :mod:`.localise` - ``localise(trajectory)`` -> ``LocalisationResult`` with ``FailureState`` objects.
 - :mod:`.metrics` - per-category recovery rates (in-trial, and attempts from recorded states).
-- :mod:`.evaluate` - precision/recall/F1 of the classifier on a labelled set.
+- :mod:`.classifier_eval` - precision/recall/F1 of the classifier on a labelled set.
 """
 
-from reterm.recovery.classify import Classification, StepRecord, classify_step
 from reterm.recovery.classifier_eval import ClassificationReport, evaluate, load_labelled
+from reterm.recovery.classify import Classification, StepRecord, classify_step
 from reterm.recovery.judge import Classifier, LLMJudge, parse_judge_answer
 from reterm.recovery.localise import FailureState, InfraTag, LocalisationResult, localise, localise_many, step_records
 from reterm.recovery.metrics import (

@@ -1,7 +1,8 @@
 """Split a reference solution (``solution/solve.sh``) into terminal commands, one per step.
 
 The scripted oracle policy types a task's reference solution into a persistent bash session, one
-top-level command per step (solve.sh is written as commands that each make sense at a prompt). A "top-level command" is the shortest run of lines bash itself accepts as complete: a simple
+top-level command per step (solve.sh is written as commands that each make sense at a
+prompt). A "top-level command" is the shortest run of lines bash itself accepts as complete: a simple
 command, a pipeline, an ``if``/``for``/``while`` block, a function, a command with a heredoc (up to its
 terminator), or lines joined by a trailing ``\\``, ``&&``, ``||`` or ``|``. Boundaries are validated
 with ``bash -n`` on the accumulated lines (own code: neither Harbor nor bash offers a splitter).
