@@ -183,14 +183,14 @@ esac
 case "$SIZE" in
   default) ;;
   ci)
-    DRILL_SIZE=(--per-family 3 --no-check)
+    DRILL_SIZE=(--per-family 4 --no-check)
     DATA_SIZE=(--own-tasks 4 --max-tasks 12)
     SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
               --eval_strategy no --eval_on_start false)
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
-    EVAL_SIZE=(--max-id 4 --max-ood 2 --own-items 2 --k-max 2 --max-turns 2 --max-new-tokens 48)
+    EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
