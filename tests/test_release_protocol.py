@@ -152,7 +152,7 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     from reterm.policies.scripted import OraclePolicy, ScriptedPolicy
     from reterm.recovery.attempts import release
 
-    stats = build(drills, tmp_path / "data", policy_spec=None, max_turns=2, batch=4, held_out=0.3)
+    stats = build(drills, tmp_path / "data", policies=[], max_turns=2, batch=4, held_out=0.3)
     ds = load_records(str(tmp_path / "data"), "train")
     assert list(ds.column_names)[:6] == list(RELEASE_COLUMNS)
     assert all(r["target_attempt_index"] == 2 and r["failure_source"] == "injected" for r in ds)

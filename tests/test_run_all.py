@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "train"))
 import stages  # noqa: E402  (train/stages.py)
 
 PY = sys.executable
-STAGE_ORDER = ["setup", "drills", "data", "sft", "grpo", "grpo-standard", "eval", "cards", "summary"]
+STAGE_ORDER = ["setup", "drills", "data", "sft", "mine", "grpo", "grpo-standard", "eval", "cards", "summary"]
 
 
 def _run_all(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -156,6 +156,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "tasks drills" in cmds["drills"] and "--per-family 34" in cmds["drills"]
     assert "pipeline.drills" in cmds["data"] and f"--tasks {tmp_path}/d/drills" in cmds["data"]
     assert "--max_steps 80" in cmds["sft"]
+    assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
     assert "--max_steps 30" in cmds["grpo"] and "--max_steps 30" in cmds["grpo-standard"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
     assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"]
