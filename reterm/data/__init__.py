@@ -12,9 +12,9 @@ has the overview and :file:`pipeline/README.md` the usage.
 - :mod:`reterm.data.inject` - error injection: failure states from perturbed successful trajectories.
 - :mod:`reterm.data.teacher` - recovery policies; the offline oracle-guided teacher.
 - :mod:`reterm.data.recover` - stages 3-4: rebuild, fork N attempts, run them, verify.
-- :mod:`reterm.data.verify` - the replay check of a record in a fresh sandbox.
+- :mod:`reterm.data.replay_check` - the replay check of a record in a fresh sandbox.
 - :mod:`reterm.data.filters` - stage 5: quality, duplicates, decontamination.
-- :mod:`reterm.data.write`, :mod:`reterm.data.report` - stage 6: parquet + stats.json, report.md + PNGs.
+- :mod:`reterm.data.write`, :mod:`reterm.data.build_report` - stage 6: parquet + stats.json, report.md + PNGs.
 - :mod:`reterm.data.environments` - environments outside Harbor trials (local sandbox or any Harbor type).
 - :mod:`reterm.data.drills` - the recovery dataset of the recovery drills (``python -m pipeline.drills``).
 - :mod:`reterm.data.layout`, :mod:`reterm.data.dataset_stats` - the published dataset folder and its ``stats.json``.

@@ -10,9 +10,9 @@ Builds a ReTerm-10K-style recovery dataset in ``DIR``:
    policy (:mod:`reterm.data.teacher`), through the kit's harness;
 4. the verifier on each attempt (same stage): verified recoveries become candidate records, failed
    attempts are kept apart;
-5. **filters** (:mod:`reterm.data.filters`, :mod:`reterm.data.verify`): quality (incl. a replay check in a fresh
+5. **filters** (:mod:`reterm.data.filters`, :mod:`reterm.data.replay_check`): quality (incl. a replay check in a fresh
    sandbox), exact/near duplicates, decontamination;
-6. **write** (:mod:`reterm.data.write`, :mod:`reterm.data.report`): parquet shards in the Hub layout,
+6. **write** (:mod:`reterm.data.write`, :mod:`reterm.data.build_report`): parquet shards in the Hub layout,
    ``stats.json``, ``failed_attempts/``, ``report.md`` + ``plots/*.png``, ``run_config.yaml``,
    ``versions.json``.
 
@@ -278,7 +278,7 @@ def stage_recovery(cfg: PipelineConfig, journal: Journal, items: list[Any], task
 
 def _replay_checks(cfg: PipelineConfig, journal: Journal, records: list[dict[str, Any]], items: dict[str, Any],
                    tasks: dict[str, Path]) -> None:  # fmt: skip
-    from reterm.data.verify import replay_record
+    from reterm.data.replay_check import replay_record
 
     todo = [r for r in records if not journal.has_unit("replay", r["id"])]
     if not todo:
@@ -311,7 +311,7 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
         ConfigMismatchError: ``output`` holds a build made with another config (use ``fresh``).
     """
     from reterm.data.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
-    from reterm.data.report import markdown, plots
+    from reterm.data.build_report import markdown, plots
     from reterm.data.write import build_stats, per_category_counts, records_from_unit, split_records, write_output
 
     t0 = time.monotonic()
