@@ -121,3 +121,48 @@ def test_smollm2_token_turns_reuse_batched(smol):
     cached, reused = _token_turns(model, tok, kv, rows=3, turns=3)
     assert cached == plain
     assert all(r > 0 for row in reused[1:] for r in row)
+
+
+@pytest.mark.parametrize("model_name,rows", [("tiny-qwen3.5", 1), ("tiny-qwen3.5", 3), ("smollm2", 3)])
+def test_grpo_rollout_generation_matches_trl(tmp_path, model_name, rows):
+    """The GRPO trainer's cached generation gives, turn after turn, the tokens TRL's own transformers
+    generation gives (greedy), from the token ids the rollout policy builds."""
+    from pathlib import Path
+
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM
+
+    from reterm.training.failure_pool import FailurePool, seed_states_from_records
+    from reterm.training.grpo_config import ReTermGRPOConfig
+    from reterm.training.grpo_policy import GenerationRequest
+    from reterm.training.grpo_trainer import ReTermGRPOTrainer
+    from reterm.training.models import load_tokenizer, resolve_model_name_or_path
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    record = load_dataset(str(fixtures / "grpo_seed"), split="train")[0]
+    (seed,), _ = seed_states_from_records([record], [fixtures / "tasks"])
+    path = resolve_model_name_or_path(model_name)
+    tok = load_tokenizer(path)
+    args = ReTermGRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                            max_steps=1, max_turns=3, max_turn_tokens=8, max_completion_length=256, use_cpu=True,
+                            bf16=False, report_to="none", save_strategy="no", task_dirs=[str(fixtures / "tasks")],
+                            generation_kwargs={"do_sample": False}, chat_template_kwargs={"enable_thinking": False})  # fmt: skip
+    trainer = ReTermGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), args, FailurePool([seed]), processing_class=tok)
+    assert trainer.kv_cache.enabled
+    prompt = trainer.rollout_policy.prompt_ids(seed.prompt)
+    obs = trainer.rollout_policy.observation_ids([{"role": "user", "content": "[exit status: 1] nope"}], False)
+    outputs = {}
+    for reuse in (False, True):
+        trainer.kv_cache.clear()
+        trainer.kv_cache.enabled = reuse
+        ids = [prompt + tok.encode(" x" * i) for i in range(rows)]
+        turns = []
+        for _ in range(3):
+            out = trainer._generate_tokens([GenerationRequest(i, [], t) for i, t in enumerate(ids)], 8)
+            turns.append([o[0] for o in out])
+            ids = [t + o[0] + ([] if o[0][-1] in trainer.eos_token_ids else [tok.eos_token_id]) + obs
+                   for t, o in zip(ids, out)]  # fmt: skip
+        outputs[reuse] = turns
+    assert outputs[True] == outputs[False]
+    hybrid = model_name.startswith("tiny-qwen")
+    assert (trainer.kv_cache.reused_tokens > 0) == (rows == 1 or not hybrid)
