@@ -15,6 +15,8 @@ How a batch reuses its caches (attention-only models, every cache layer a ``Dyna
   copied in, right-aligned, padding columns are zero and masked. ``model.generate`` then reads only the last
   ``S`` columns (``cache=...``: transformers' continuation from a filled cache). Rows whose cached prefix is
   longer than needed recompute a few tokens; a row with no entry recomputes everything.
+- Rows that share a prompt prefix no entry holds (the G attempts of a group at their first turn, a
+  fan-out from one history) get it read once, in a one-row forward, and copied into each row.
 - After generation each row's states are sliced out of the batch cache (``prompt + kept[:-1]``) and stored
   under those token ids; the entries the call started from are dropped (the new ones hold their prefix).
 
@@ -37,11 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+#: A shared prompt prefix shorter than this is not read separately (not worth a forward of its own).
+MIN_SHARED_PREFIX = 32
 #: Default bound on the bytes of cached key/value states (SmolLM2-135M: about 46 KB a token in float32).
 DEFAULT_MAX_BYTES = 1 << 30
 
 
-@dataclass
+@dataclass(eq=False)  # entries are compared by identity
 class _Entry:
     tokens: list[int]
     layers: list[tuple[Any, Any]] | None = None  # per layer (keys, values) of shape (heads, n, head_dim)
@@ -193,6 +197,8 @@ class PrefixKVCache:
             input_ids[row, W - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[row, W - len(ids) :] = 1
 
+        if self.enabled:
+            self._share_prefix(model, prompts, device)
         sliceable = self._entries[0].layers is not None if self._entries else None
         cache = None
         used: list[_Entry] = []
@@ -236,6 +242,35 @@ class PrefixKVCache:
             self._evict()
         return CachedGeneration(new_ids=new.cpu(), logits=tuple(out.logits) if output_logits else None,
                                 reused=reused, fed=fed)  # fmt: skip
+
+    def _share_prefix(self, model: Any, prompts: list[list[int]], device: Any) -> None:
+        """Read the rows' common prompt prefix once (one-row forward from the best entry) and store it."""
+        import torch
+        from transformers import DynamicCache
+
+        if len(prompts) < 2 or (self._entries and self._entries[0].layers is None):
+            return
+        n = min(min(_common_prefix(prompts[0], p) for p in prompts[1:]), min(len(p) for p in prompts) - 1)
+        prefix = prompts[0][:n]
+        entry, m = self._best(prefix + [-1], exact=False)
+        if n - m < MIN_SHARED_PREFIX:
+            return
+        past = [(k[None, :, :m], v[None, :, :m]) for k, v in entry.layers] if entry is not None and m > 0 else None
+        cache = DynamicCache(ddp_cache_data=past, config=model.config)
+        if not self._sliceable(cache):
+            return
+        ids = torch.tensor([prefix[m:]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=torch.ones((1, n), dtype=torch.long, device=device),
+                  position_ids=torch.arange(m, n, device=device)[None], cache=cache, use_cache=True,
+                  logits_to_keep=1)  # fmt: skip
+        layers, nbytes = [], 0
+        for layer in cache.layers:
+            k, v = layer.keys[0, :, :n].clone(), layer.values[0, :, :n].clone()
+            layers.append((k, v))
+            nbytes += k.numel() * k.element_size() + v.numel() * v.element_size()
+        self.fed_tokens += n - m
+        self._entries.append(_Entry(tokens=prefix, layers=layers, nbytes=nbytes, last_used=self._calls))
 
     def _batch_cache(self, cache_cls, model, prompts, matches, W, C, device):
         import torch
