@@ -43,7 +43,8 @@ def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
     before = smol.kv_cache.reused_tokens, smol.kv_cache.fed_tokens
     reused, cached = _episode(smol, 4)
     assert reused == plain
-    assert cached[0] == [0, 0, 0]
+    # turn 1: the three prompts share the system prompt and tool schema, read once for all three
+    assert len(set(cached[0])) <= 2 and all(c > 300 for c in cached[0]), cached[0]
     # later turns read the system prompt, tool schema and history from the cache
     assert all(c > 500 for row in cached[1:] for c in row), cached
     assert len(smol.kv_cache) == 3 and smol.kv_cache.nbytes > 0
@@ -54,7 +55,8 @@ def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
 def test_smollm2_cache_is_bounded(smol):
     smol.kv_cache.enabled = True
     smol.kv_cache.clear()
-    old = smol.kv_cache.max_bytes
+    old = smol.kv_cache.max_bytes, smol.kv_cache.max_idle_calls
+    smol.kv_cache.max_idle_calls = 2
     try:
         smol.generate([initial_messages("one")], TOOLS)
         one = smol.kv_cache.nbytes
@@ -65,7 +67,7 @@ def test_smollm2_cache_is_bounded(smol):
             smol.generate([initial_messages("five")], TOOLS)
         assert len(smol.kv_cache) == 1
     finally:
-        smol.kv_cache.max_bytes = old
+        smol.kv_cache.max_bytes, smol.kv_cache.max_idle_calls = old
         smol.kv_cache.clear()
 
 

@@ -36,6 +36,7 @@ conversation).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,63 @@ class CachedGeneration:
     fed: list[int] = field(default_factory=list)
 
 
+def _reserved_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose key/value storage is reserved ahead, so that a decoding step writes its
+        token in place instead of concatenating the whole cache (``torch.cat`` of every layer at every step
+        took about half of a batched CPU decoding step). ``keys``/``values`` are views of the storage."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self._k = self._v = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            import torch
+
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, new = self.get_seq_length(), key_states.shape[-2]
+            ours = self._k is not None and (n == 0 or self.keys.untyped_storage().data_ptr()
+                                              == self._k.untyped_storage().data_ptr())  # fmt: skip
+            if not ours or n + new > self._k.shape[-2]:
+                cap = max(self.capacity, n + new, 2 * n)
+                b, h, _, dk = key_states.shape
+                k = torch.empty((b, h, cap, dk), dtype=key_states.dtype, device=key_states.device)
+                v = torch.empty((b, h, cap, value_states.shape[-1]), dtype=value_states.dtype, device=value_states.device)
+                if n:
+                    k[:, :, :n] = self.keys
+                    v[:, :, :n] = self.values
+                self._k, self._v = k, v
+            self._k[:, :, n : n + new] = key_states
+            self._v[:, :, n : n + new] = value_states
+            self.keys, self.values = self._k[:, :, : n + new], self._v[:, :, : n + new]
+            return self.keys, self.values
+
+    return ReservedLayer
+
+
+_RESERVED = None
+
+
+def _reserved_cache(model: Any, capacity: int) -> Any:
+    """An empty ``DynamicCache`` for ``model`` with reserved storage, or ``None`` when the model's cache is not
+    made of plain attention layers (recurrent or sliding-window layers keep transformers' own)."""
+    global _RESERVED
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    if not cache.layers or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return None
+    if _RESERVED is None:
+        _RESERVED = _reserved_layer_class()
+    cache.layers = [_RESERVED(capacity) for _ in cache.layers]
+    return cache
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -97,7 +155,7 @@ class PrefixKVCache:
     """
 
     def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
-                 max_idle_calls: int = 4) -> None:  # fmt: skip
+                 max_idle_calls: int = 16) -> None:  # fmt: skip
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
             raise ValueError(f"PrefixKVCache: max_bytes/max_entries must be >= 0 and max_idle_calls >= 1, got "
                              f"{max_bytes}, {max_entries}, {max_idle_calls}")  # fmt: skip
@@ -105,6 +163,7 @@ class PrefixKVCache:
         self.max_bytes, self.max_entries, self.max_idle_calls = max_bytes, max_entries, max_idle_calls
         self._entries: list[_Entry] = []
         self._calls = 0
+        self._lock = threading.Lock()
         self.reused_tokens = 0  # prompt tokens read from a cache, all calls
         self.fed_tokens = 0  # prompt tokens the model read, all calls
 
@@ -153,9 +212,14 @@ class PrefixKVCache:
         from transformers.cache_utils import DynamicLayer
 
         layers = getattr(cache, "layers", None)
-        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        return bool(layers) and all(type(layer) is DynamicLayer or type(layer) is _RESERVED for layer in layers)
 
-    def generate(
+    def generate(self, model: Any, prompts: list[list[int]], **kwargs: Any) -> "CachedGeneration":
+        """See :meth:`_generate` (calls are serialised: the store is shared)."""
+        with self._lock:
+            return self._generate(model, prompts, **kwargs)
+
+    def _generate(
         self,
         model: Any,
         prompts: list[list[int]],
@@ -185,7 +249,6 @@ class PrefixKVCache:
             ValueError: an empty prompt.
         """
         import torch
-        from transformers import DynamicCache
 
         if any(not p for p in prompts):
             raise ValueError("PrefixKVCache.generate: empty prompt")
@@ -209,7 +272,7 @@ class PrefixKVCache:
                 S = max(len(p) - n for p, (_, n) in zip(prompts, matches))
                 C = W - S
                 if C > 0:
-                    cache = self._batch_cache(DynamicCache, model, prompts, matches, W, C, device)
+                    cache = self._batch_cache(model, prompts, matches, W, C, device, W + max_new_tokens)
                     for row, (p, (e, n)) in enumerate(zip(prompts, matches)):
                         reused[row] = max(0, len(p) - S)
                         if e is not None and reused[row] > 0:
@@ -221,6 +284,8 @@ class PrefixKVCache:
                     used.append(e)
                     self._entries.remove(e)  # generate extends the object in place
 
+        if cache is None and sliceable is not False:
+            cache = _reserved_cache(model, W + max_new_tokens)
         kwargs = dict(generation_kwargs or {})
         kwargs.update(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
                       return_dict_in_generate=True, output_logits=output_logits, use_cache=True)  # fmt: skip
@@ -272,7 +337,7 @@ class PrefixKVCache:
         self.fed_tokens += n - m
         self._entries.append(_Entry(tokens=prefix, layers=layers, nbytes=nbytes, last_used=self._calls))
 
-    def _batch_cache(self, cache_cls, model, prompts, matches, W, C, device):
+    def _batch_cache(self, model, prompts, matches, W, C, device, capacity):
         import torch
 
         ref = next(e for e, n in matches if e is not None)
@@ -290,7 +355,10 @@ class PrefixKVCache:
                     keys[row, :, C - r :] = k[:, :r]
                     values[row, :, C - r :] = v[:, :r]
             layers.append((keys, values))
-        return cache_cls(ddp_cache_data=layers, config=model.config)
+        cache = _reserved_cache(model, capacity)
+        for layer, (keys, values) in zip(cache.layers, layers):
+            layer.update(keys, values)
+        return cache
 
     def _store(self, cache: Any, prompts: list[list[int]], new: Any, stop_token_ids: list[int], W: int) -> None:
         if cache is None:
