@@ -32,8 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data and training", ("reterm.data", "reterm.training")),
     ("eval", ("reterm.eval",)),
     ("cards", ("reterm.cards",)),
-    # command lines: each may use any layer
-    ("entry points", ("reterm.publish", "reterm.cli", "reterm.sandbox.cli", "reterm.tasks.cli",
+    # command lines and what only they run (whole Harbor trials for `reterm tasks verify`): any layer
+    ("entry points", ("reterm.publish", "reterm.cli", "reterm.sandbox.cli", "reterm.tasks.cli", "reterm.tasks.verify",
                       "reterm.agent.cli", "reterm.recovery.__main__")),
 ]
 # Importable only in the checkout: the application folders keep thin scripts, the tests are not the product.
