@@ -620,7 +620,15 @@ class TerminalSession:
         return reading if known else idle_for >= 3 * self.idle_s
 
     async def _send(self, command: str, at_prompt: bool) -> str:
-        """Type ``command`` and press Enter (or press a lone key name). Returns the shell text used."""
+        """Type ``command`` and press Enter (or press a lone key name). Returns the shell text used.
+
+        The bytes reach the terminal unchanged: tmux's own command parser never sees the text, because
+        ``send-keys`` splits its arguments at a trailing ``;`` (``find -exec ... \\;`` would arrive as
+        ``... ;``) and ``-l`` reads UTF-8 only. At the shell prompt the text goes through a paste
+        buffer, bracketed when the program asked for it (``-p``), so bash reads a multi-line command
+        as one input and TABs are not completion; typed into a running program, each byte is sent
+        as a hexadecimal key (``send-keys -H``), as if typed. Long text always uses the buffer.
+        """
         target = f"-t {SESSION}"
         key = command.strip()
         if command == "":
@@ -628,15 +636,17 @@ class TerminalSession:
         if key in SPECIAL_KEYS and "\n" not in command:
             return f"{self._tmux} send-keys {target} {shlex.quote(key)}"
         text = command.rstrip("\n")
-        quoted = shlex.quote(text)
-        if (at_prompt and ("\n" in text or "\t" in text)) or len(quoted) > 8000:
-            # a paste buffer: bracketed paste (-p) when the program asked for it, so bash reads a
-            # multi-line command as one input (one prompt at the end; TABs are not completion)
+        data = text.encode("utf-8", errors="surrogateescape")
+        enter = f"{self._tmux} send-keys {target} Enter"
+        if not data:
+            return enter
+        if at_prompt or len(data) > 2000:
             return (
-                f"printf '%s' {quoted} | {self._tmux} load-buffer -b reterm - && "
-                f"{self._tmux} paste-buffer -p -d -b reterm {target} && {self._tmux} send-keys {target} Enter"
+                f"printf '%s' {shlex.quote(text)} | {self._tmux} load-buffer -b reterm - && "
+                f"{self._tmux} paste-buffer -p -d -b reterm {target} && {enter}"
             )
-        return f"{self._tmux} send-keys {target} -l -- {quoted} \\; send-keys {target} Enter"
+        keys = " ".join(f"{b:02x}" for b in data)
+        return f"{self._tmux} send-keys {target} -H {keys} \\; send-keys {target} Enter"
 
     async def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Type ``command`` into the terminal and wait for its result.
