@@ -38,7 +38,7 @@ from reterm.agent.protocol import (
     parse_action,
     render_action,
 )
-from reterm.trajectory import Action, Outcome, Step, Trajectory, write_json_atomic
+from reterm.trajectory import Action, Outcome, Step, Trajectory, tool_call_id, write_json_atomic
 
 AGENT_NAME = "reterm"
 ATIF_FILE = "trajectory.json"  # Harbor's name for an agent's ATIF file in the trial's agent/ folder
@@ -76,6 +76,7 @@ def to_atif(traj: Trajectory, session_id: str | None = None) -> Any:
     from harbor.models.trajectories import ToolCall
     from harbor.models.trajectories import Trajectory as AtifTrajectory
 
+    traj.unique_call_ids()
     steps = [
         AtifStep(step_id=1, source="system", message=traj.system_prompt),
         AtifStep(step_id=2, source="user", message=traj.instruction),
@@ -331,7 +332,7 @@ def from_messages(
         name = fn.get("name")
         if name not in ("bash", "submit"):
             raise ValueError(f"messages[{i}]: unknown tool {name!r}")
-        call_id = calls[0].get("id") or "call_0"
+        call_id = calls[0].get("id") or tool_call_id(len(steps))
         if name == "submit":
             action = Action(tool="submit", call_id=call_id)
             observation, nxt = "", i + 1

@@ -45,7 +45,7 @@ from reterm.agent.protocol import (
 )
 from reterm.agent.terminal import SandboxError, ShellState, TerminalSession
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
-from reterm.trajectory import Outcome, Step, Trajectory
+from reterm.trajectory import Outcome, Step, Trajectory, tool_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -193,8 +193,11 @@ async def _act(ep: _Episode, gen: Generation, generation_s: float, call_format: 
     parsed = parse_action(gen.text, call_format)  # type: ignore[arg-type]
     ep.parse_outcomes[parsed.outcome] += 1
     ep.turns += 1
+    index = len(ep.traj.steps)
+    if parsed.action is not None:
+        parsed.action = parsed.action.model_copy(update={"call_id": tool_call_id(index)})
     step = Step(
-        index=len(ep.traj.steps),
+        index=index,
         model_text=gen.text,
         reasoning=parsed.message_content or None,
         action=parsed.action,
