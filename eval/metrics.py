@@ -29,6 +29,9 @@ Rules (and where they come from)
   file is an error, not a zero").
 * **Pass**: the reward (the ``reward`` key of ``verifier_result.rewards``, or its only key) is at least
   :data:`reterm.trajectory.PASS_THRESHOLD` (1.0; Terminal-Bench rewards are 0/1).
+* **A reward that cannot be scored** (several keys and none named ``reward``, outside [0, 1]; the one
+  reader :func:`reterm.rewards.scalar_reward`) is a verifier fault of that trial only
+  (``exception_type`` ``RewardError``, the message naming the file and the value); the report goes on.
 
 Estimators
 ----------
@@ -62,6 +65,7 @@ from typing import Any, Iterable
 from harbor.models.trial.error_policy import ERROR_POLICIES
 from harbor.models.trial.result import ExceptionInfo, TrialResult
 
+from reterm.rewards import RewardError, reward_source, scalar_reward
 from reterm.trajectory import PASS_THRESHOLD, Outcome
 
 # Harbor exception type -> fault outcome. Types not listed here but marked has_valid_reward=False by
@@ -159,28 +163,33 @@ def task_name(result: TrialResult) -> str:
     return result.task_name.split("/")[-1]
 
 
-def reward_of(result: TrialResult) -> float | None:
-    """The scalar reward of a trial: ``rewards["reward"]``, or the only value; ``None`` when absent.
+def reward_of(result: TrialResult, trial_dir: str | Path | None = None) -> float | None:
+    """The checked scalar reward of a trial (:func:`reterm.rewards.scalar_reward`): ``rewards["reward"]``,
+    or the only value; ``None`` when absent.
 
-    Raises ``ValueError`` naming the trial when several rewards are given and none is called ``reward``.
+    Raises :class:`reterm.rewards.RewardError` naming the reward file (``trial_dir/verifier/...``, else
+    the trial) and the value when several rewards are given and none is called ``reward``, or the
+    value is not a number in [0, 1].
     """
     rewards = result.verifier_result.rewards if result.verifier_result else None
-    if not rewards:
-        return None
-    if "reward" in rewards:
-        return float(rewards["reward"])
-    if len(rewards) == 1:
-        return float(next(iter(rewards.values())))
-    raise ValueError(
-        f"trial {result.trial_name}: several rewards {sorted(rewards)} and none named 'reward'; "
-        "cannot score a multi-reward task as pass/fail"
-    )
+    where = f"trial {result.trial_name}: reward file"
+    source = reward_source(Path(trial_dir) / "verifier" if trial_dir is not None else None, fallback=where)
+    if source != where:
+        source = f"trial {result.trial_name}: {source}"
+    return scalar_reward(rewards, source)
 
 
-def classify_trial(result: TrialResult) -> tuple[Outcome, float | None]:
-    """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring."""
+def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> tuple[Outcome, float | None]:
+    """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring.
+
+    A reward that cannot be scored (:class:`reterm.rewards.RewardError`) makes the trial a verifier
+    fault (``VERIFIER_ERROR``, no reward), whatever else happened; :func:`score_trial` keeps its message.
+    """
     exceptions = result.recorded_exceptions()
-    reward = reward_of(result)
+    try:
+        reward = reward_of(result, trial_dir)
+    except RewardError:
+        return Outcome.VERIFIER_ERROR, None
     for exc in exceptions:
         if not _is_agent_outcome(exc):
             return _fault_outcome(exc.exception_type, exc.exception_message), reward
@@ -193,9 +202,15 @@ def classify_trial(result: TrialResult) -> tuple[Outcome, float | None]:
 
 def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
     """A :class:`TrialScore` from a trial result (see :func:`classify_trial`)."""
-    outcome, reward = classify_trial(result)
+    outcome, reward = classify_trial(result, trial_dir)
     exceptions = result.recorded_exceptions()
     first = exceptions[0] if exceptions else None
+    exception_type = first.exception_type if first else None
+    exception_message = first.exception_message[:500] if first else None
+    try:
+        reward_of(result, trial_dir)
+    except RewardError as exc:  # the trial's own fault; the rest of the report goes on
+        exception_type, exception_message = "RewardError", str(exc)[:500]
     timing = result.agent_execution
     agent_s = None
     if timing and timing.started_at and timing.finished_at:
@@ -208,8 +223,8 @@ def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
         model=result.agent_info.model_info.name if result.agent_info.model_info else None,
         outcome=outcome,
         reward=reward,
-        exception_type=first.exception_type if first else None,
-        exception_message=(first.exception_message[:500] if first else None),
+        exception_type=exception_type,
+        exception_message=exception_message,
         agent_timed_out=any(e.exception_type == "AgentTimeoutError" for e in exceptions),
         agent_s=agent_s,
     )

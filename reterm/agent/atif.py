@@ -431,7 +431,7 @@ def trajectory_from_trial(trial_dir: str | Path) -> Trajectory:
             traj.metadata["harbor_exception"] = exceptions[0].exception_type
         if not traj.task_id:
             traj.task_id = result.task_name.split("/")[-1]
-        outcome, reward = classify_trial(result)
+        outcome, reward = classify_trial(result, trial_dir)
         if not (keep_own and traj.outcome.is_infra_fault) and not (keep_own and outcome is Outcome.PENDING):
             if outcome.is_infra_fault:
                 traj.reward, traj.outcome = None, outcome

@@ -45,6 +45,7 @@ from reterm.agent.protocol import (
 )
 from reterm.agent.terminal import SandboxError, ShellState, TerminalSession
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
+from reterm.rewards import RewardError, reward_source, scalar_reward
 from reterm.trajectory import Outcome, Step, Trajectory, tool_call_id
 
 logger = logging.getLogger(__name__)
@@ -448,8 +449,9 @@ async def run_verifier(
 ) -> VerifierOutcome:
     """Run the task's verifier against ``environment`` with Harbor's ``Verifier`` (no ``Trial`` needed).
 
-    The reward is ``rewards["reward"]`` (or the only value when there is one). A crash, a missing or
-    unreadable reward file -> an error outcome; exceeding ``timeout_s`` (default the task's
+    The reward is read by :func:`reterm.rewards.scalar_reward` (``rewards["reward"]`` or the only
+    value, a number in [0, 1]). A crash, a missing, unreadable, ambiguous or out-of-range reward -> an
+    error outcome naming the file and the value; exceeding ``timeout_s`` (default the task's
     ``[verifier] timeout_sec``) -> a timeout. With ``trajectory``, :meth:`Trajectory.set_reward` records
     the result (and the verifier's output tail goes to ``metadata["verifier_output_tail"]``).
 
@@ -486,12 +488,13 @@ async def run_verifier(
             result = await asyncio.wait_for(verifier.verify(), timeout=timeout)
         rewards = dict(result.rewards or {})
         outcome.rewards = rewards
-        if "reward" in rewards:
-            outcome.reward = float(rewards["reward"])
-        elif len(rewards) == 1:
-            outcome.reward = float(next(iter(rewards.values())))
+        try:
+            outcome.reward = scalar_reward(rewards, reward_source(paths.verifier_dir))
+        except RewardError as exc:
+            outcome.error = f"verifier: {exc}"
         else:
-            outcome.error = f"verifier wrote no 'reward' value (keys: {sorted(rewards)})"
+            if outcome.reward is None:
+                outcome.error = f"verifier wrote no reward ({reward_source(paths.verifier_dir)})"
     except asyncio.TimeoutError:
         outcome.timed_out, outcome.error = True, f"verifier timed out after {timeout:g} s"
     except Exception as exc:
