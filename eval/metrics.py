@@ -29,6 +29,10 @@ Rules (and where they come from)
   file is an error, not a zero").
 * **Pass**: the reward (the ``reward`` key of ``verifier_result.rewards``, or its only key) is at least
   :data:`reterm.trajectory.PASS_THRESHOLD` (1.0; Terminal-Bench rewards are 0/1).
+* **What the agent breaks is its failure** (docs/SCORING.md): a trial whose agent recorded
+  ``broken_by_agent`` (the sandbox stopped working after one of its commands, or ``/logs`` was made
+  unusable) is a ``FAILURE`` with reward 0 even though Harbor's verifier then failed; the report counts
+  these apart (``broken_by_agent``).
 * **A reward that cannot be scored** (several keys and none named ``reward``, outside [0, 1]; the one
   reader :func:`reterm.rewards.scalar_reward`) is a verifier fault of that trial only
   (``exception_type`` ``RewardError``, the message naming the file and the value); the report goes on.
@@ -146,6 +150,7 @@ class TrialScore:
     exception_message: str | None = None
     agent_timed_out: bool = False
     agent_s: float | None = None
+    broken_by_agent: str | None = None
 
     @property
     def scored(self) -> bool:
@@ -179,13 +184,24 @@ def reward_of(result: TrialResult, trial_dir: str | Path | None = None) -> float
     return scalar_reward(rewards, source)
 
 
+def broken_by_agent(result: TrialResult) -> str | None:
+    """What the agent broke in its sandbox, as this kit's agent recorded it in Harbor's agent metadata
+    (``broken_by_agent``; docs/SCORING.md), or ``None``."""
+    meta = result.agent_result.metadata if result.agent_result else None
+    value = (meta or {}).get("broken_by_agent")
+    return str(value) if value else None
+
+
 def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> tuple[Outcome, float | None]:
     """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring.
 
-    A reward that cannot be scored (:class:`reterm.rewards.RewardError`) makes the trial a verifier
-    fault (``VERIFIER_ERROR``, no reward), whatever else happened; :func:`score_trial` keeps its message.
+    A trial whose agent broke its sandbox (:func:`broken_by_agent`) is a ``FAILURE`` with reward 0,
+    whatever the verifier did next. A reward that cannot be scored (:class:`reterm.rewards.RewardError`)
+    makes the trial a verifier fault (``VERIFIER_ERROR``, no reward); :func:`score_trial` keeps its message.
     """
     exceptions = result.recorded_exceptions()
+    if broken_by_agent(result):
+        return Outcome.FAILURE, 0.0
     try:
         reward = reward_of(result, trial_dir)
     except RewardError:
@@ -227,6 +243,7 @@ def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
         exception_message=exception_message,
         agent_timed_out=any(e.exception_type == "AgentTimeoutError" for e in exceptions),
         agent_s=agent_s,
+        broken_by_agent=broken_by_agent(result),
     )
 
 
@@ -349,7 +366,7 @@ def summarize(trials: list[TrialScore], incomplete: list[str] | None = None,
     Returns ``{"pass_at_1": {mean, stderr, n_trials, n_tasks}, "pass_at_k": {k: value},
     "per_task": {task: {n_trials, n_passed, pass_rate, n_infra_faults, n_agent_timeouts, categories,
     difficulty}}, "infra_faults": {n, by_outcome, by_exception, trials: [...]}, "agent_timeouts": n,
-    "n_trials_total": n}``. ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
+    "broken_by_agent": n (agent failures: the agent broke its sandbox), "n_trials_total": n}``. ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
     """
     counts = task_counts(trials)
     p1 = pass_at_1(counts)
@@ -382,6 +399,7 @@ def summarize(trials: list[TrialScore], incomplete: list[str] | None = None,
             ],
         },
         "agent_timeouts": sum(1 for t in trials if t.agent_timed_out and t.scored),
+        "broken_by_agent": sum(1 for t in trials if t.broken_by_agent and t.scored),
         "n_trials_total": len(trials) + len(incomplete or []),
     }
 

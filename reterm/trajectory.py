@@ -37,7 +37,10 @@ class Outcome(str, Enum):
     Agent outcomes (``SUCCESS``, ``FAILURE``) are scored. Everything else is an infrastructure fault:
     it carries no reward signal, is reported apart, and never becomes a failure state.
     ``FAILURE`` covers every way the *agent* fails: wrong result, out of turns, out of its own time
-    budget (the agent timeout is the agent's fault, as in Terminal-Bench).
+    budget (the agent timeout is the agent's fault, as in Terminal-Bench), and a sandbox that stopped
+    working after one of its commands (its memory, processes or disk exhausted, its shell or terminal
+    killed for good, ``/logs`` destroyed: reward 0, ``metadata["broken_by_agent"]`` says how).
+    The rule is written out in docs/SCORING.md.
     """
 
     SUCCESS = "success"
@@ -57,8 +60,10 @@ class Outcome(str, Enum):
 
 
 StopReason = Literal[
-    "submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled", "context_length"
-]  # context_length: the conversation outgrew the model's context (an agent failure, not infra)
+    "submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled", "context_length",
+    "sandbox_broken",
+]  # context_length: the conversation outgrew the model's context (an agent failure, not infra);
+# sandbox_broken: the sandbox stopped working after an agent command (an agent failure, reward 0)
 
 
 def tool_call_id(index: int) -> str:

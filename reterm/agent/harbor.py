@@ -16,8 +16,10 @@ Agent kwargs (``--ak KEY=VALUE``): ``policy`` (a :func:`reterm.policies.load_pol
 before Harbor cancels it), ``max_consecutive_parse_errors``, ``policy_kwargs`` (a JSON object passed to
 the policy, e.g. sampling parameters).
 
-Infrastructure faults of the episode (model endpoint, sandbox, harness) are raised after the
-trajectory is written, so Harbor records them in ``result.json`` (``exception_info``) and
+An episode in which the agent broke its sandbox (docs/SCORING.md) returns normally with
+``broken_by_agent`` in the agent metadata, so the evaluation scores it as a failure although Harbor's
+verifier then fails. Infrastructure faults of the episode (model endpoint, sandbox, harness) are
+raised after the trajectory is written, so Harbor records them in ``result.json`` (``exception_info``) and
 :func:`eval.metrics.classify_trial` keeps them out of the scores.
 """
 
@@ -34,7 +36,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from reterm.agent.atif import AGENT_NAME, _version, write_trial_files
-from reterm.agent.episode import DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
+from reterm.agent.episode import BROKEN_KEY, DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
 from reterm.trajectory import Step, Trajectory
 
 # Seconds kept between the episode's own time budget and the task's agent timeout (Harbor's cut).
@@ -201,5 +203,9 @@ class ReTermAgent(BaseAgent):
             "turns": traj.metadata.get("turns"),
             "parse_outcomes": traj.metadata.get("parse_outcomes"),
         }
+        if traj.metadata.get(BROKEN_KEY):
+            # the agent broke its sandbox: Harbor's verifier will fail next, and the evaluation
+            # (eval.metrics.classify_trial) scores the trial as this agent failure, reward 0
+            context.metadata[BROKEN_KEY] = traj.metadata[BROKEN_KEY]
         if traj.outcome.is_infra_fault:
             raise EpisodeFault(f"{traj.outcome.value}: {traj.error}")

@@ -210,6 +210,29 @@ class BoxSpec:
 
 
 @dataclass
+class BoxHealth:
+    """A look at a running (or dead) sandbox, from the host. Bytes and counts; ``None`` where unknown.
+
+    ``alive``: the sandbox's init and holder still run (only the host or the harness can end them:
+    init ignores signals from inside, the holder lives outside). ``limits_hit``: which of the
+    sandbox's own limits it ran into so far, among ``"memory"`` (its cgroup's OOM killer ran),
+    ``"pids"`` (a fork was refused at ``pids_max``) and ``"storage"`` (the writable layer is full).
+    """
+
+    alive: bool
+    limits_hit: list[str] = field(default_factory=list)
+    memory_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    oom_events: int | None = None
+    pids: int | None = None
+    pids_max: int | None = None
+    pids_max_events: int | None = None
+    storage_bytes: int | None = None
+    storage_limit_bytes: int | None = None
+
+
+@dataclass
 class RawResult:
     """Result of :meth:`Box.run`: exit status and captured bytes (possibly truncated)."""
 
@@ -824,6 +847,30 @@ class Box:
         if r.returncode != 0:
             raise SandboxError(f"snapshot copy of sandbox {self.id} failed: {r.stderr.strip()[-1000:]}")
         return time.monotonic() - t0
+
+    def health(self) -> "BoxHealth":
+        """Whether the sandbox still runs, what it uses and which of its own limits it ran into.
+
+        Cheap (reads cgroup files and one ``statvfs``); safe to call on a stopped sandbox.
+        """
+        usage = self.cgroups.usage() if self.cgroups else {}
+        storage_used = storage_size = None
+        if self.spec.upper is None and self.holder is not None and self.holder.poll() is None:
+            # the tmpfs exists only in the holder's mount namespace, seen through /proc/PID/root
+            with contextlib.suppress(OSError):
+                st = os.statvfs(f"/proc/{self.holder.pid}/root{self.mnt}")
+                storage_size = st.f_blocks * st.f_frsize
+                storage_used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        hit = []
+        if usage.get("oom_events"):
+            hit.append("memory")
+        pids, pids_max = usage.get("pids"), usage.get("pids_max")
+        if usage.get("pids_max_events") or (pids and pids_max and pids >= pids_max - max(8, pids_max // 100)):
+            hit.append("pids")
+        if storage_size and storage_used is not None and storage_size - storage_used < max(1 << 20, storage_size // 200):
+            hit.append("storage")
+        return BoxHealth(alive=self.alive, limits_hit=hit, storage_bytes=storage_used, storage_limit_bytes=storage_size,
+                         **usage)  # fmt: skip
 
     def memory_peak_bytes(self) -> int | None:
         """Peak memory of the sandbox (processes + its tmpfs pages), if cgroups are on."""

@@ -85,6 +85,40 @@ class Cgroups:
             if cpus:
                 _write(d / "cpu.max", f"{max(1000, int(cpus * 100000))} 100000", missing_ok=True)
 
+    # ------------------------------------------------------------------------------ usage
+    def usage(self) -> dict[str, int | None]:
+        """What the sandbox uses and whether it ran into its own limits (``None`` where unreadable).
+
+        Keys: ``memory_bytes``, ``memory_peak_bytes``, ``memory_limit_bytes``, ``oom_events`` (times
+        the cgroup's own limit forced the OOM killer: v1 ``memory.oom_control`` ``oom_kill``, v2
+        ``memory.events`` ``oom``), ``pids``, ``pids_max``, ``pids_max_events`` (forks refused at the
+        cap: ``pids.events`` ``max``).
+        """
+        out: dict[str, int | None] = dict.fromkeys(
+            ("memory_bytes", "memory_peak_bytes", "memory_limit_bytes", "oom_events", "pids", "pids_max",
+             "pids_max_events"))  # fmt: skip
+        if self.version == 1:
+            mem, pids = self.dirs.get("memory"), self.dirs.get("pids")
+            files = {"memory_bytes": (mem, "memory.usage_in_bytes"), "memory_peak_bytes": (mem, "memory.max_usage_in_bytes"),
+                     "memory_limit_bytes": (mem, "memory.limit_in_bytes"), "pids": (pids, "pids.current"),
+                     "pids_max": (pids, "pids.max")}  # fmt: skip
+            events = {"oom_events": (mem, "memory.oom_control", "oom_kill"), "pids_max_events": (pids, "pids.events", "max")}
+        else:
+            d = self.dirs.get("unified")
+            files = {"memory_bytes": (d, "memory.current"), "memory_peak_bytes": (d, "memory.peak"),
+                     "memory_limit_bytes": (d, "memory.max"), "pids": (d, "pids.current"), "pids_max": (d, "pids.max")}
+            events = {"oom_events": (d, "memory.events", "oom"), "pids_max_events": (d, "pids.events", "max")}
+        for key, (folder, name) in files.items():
+            if folder is not None:
+                out[key] = _read_int(folder / name)
+        for key, (folder, name, field_name) in events.items():
+            if folder is not None and folder.is_dir():
+                # a refused fork is counted where it was tried: in the per-exec child cgroups too
+                counts = [_read_field(d / name, field_name) for d in (folder, *(p for p in folder.rglob("*") if p.is_dir()))]
+                known = [c for c in counts if c is not None]
+                out[key] = sum(known) if known else None
+        return out
+
     # ------------------------------------------------------------------------------ control
     def procs(self) -> set[int]:
         """Pids of every process in these cgroups and their descendants' cgroups."""
@@ -157,6 +191,27 @@ class Cgroups:
     @classmethod
     def from_json(cls, data: dict) -> "Cgroups":
         return cls(int(data["version"]), {k: Path(v) for k, v in data["dirs"].items()})
+
+
+def _read_int(path: Path) -> int | None:
+    """An integer cgroup file (``max`` reads as None)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _read_field(path: Path, name: str) -> int | None:
+    """The value of ``name`` in a flat-keyed cgroup file (``key value`` per line)."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None
 
 
 def _write(path: Path, value: str, missing_ok: bool = False) -> None:
