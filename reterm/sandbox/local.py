@@ -78,10 +78,10 @@ def memory_headroom_mb(memory_mb: int) -> int:
 
 def effective_storage_mb(storage_mb: int, memory_mb: int | None) -> int:
     """The writable layer's size: ``storage_mb``, capped at ``memory_mb - memory_headroom_mb(memory_mb)``
-    (at least 64 MiB) when a memory limit applies."""
+    (a cap of at least 64 MiB) when a memory limit applies."""
     if not memory_mb:
         return storage_mb
-    return max(64, min(storage_mb, memory_mb - memory_headroom_mb(memory_mb)))
+    return min(storage_mb, max(64, memory_mb - memory_headroom_mb(memory_mb)))
 
 
 class LocalOptions(EnvironmentOptions):
