@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reterm.sandbox import rootless
-from reterm.sandbox.cgroups import Cgroups, open_cgroups
+from reterm.sandbox.cgroups import Cgroups, host_budget, open_budget, open_cgroups
 from reterm.sandbox.paths import proc_start_time, sub
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,38 @@ SANDBOX_CAPS: tuple[str, ...] = (
     "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT",
     "CAP_AUDIT_WRITE",
 )  # fmt: skip
+
+# Admission against the host budget (Box._admit).
+ADMISSION_TIMEOUT_S = 120.0
+MIN_SANDBOX_PIDS = 256
+MIN_SANDBOX_MEMORY_MB = 256
+# The default pids limit lets this many sandboxes (a GRPO group) run at their cap within the budget.
+SANDBOXES_PER_BUDGET = 8
+MAX_DEFAULT_PIDS = 4096
+
+
+def default_pids_max() -> int:
+    """The default pids limit of a sandbox: the host budget's pids over :data:`SANDBOXES_PER_BUDGET`,
+    at most :data:`MAX_DEFAULT_PIDS` and at least :data:`MIN_SANDBOX_PIDS` (3072 on a host with
+    ``kernel.pid_max`` 32768)."""
+    pids = host_budget().pids
+    if not pids:
+        return MAX_DEFAULT_PIDS
+    return max(MIN_SANDBOX_PIDS, min(MAX_DEFAULT_PIDS, pids // SANDBOXES_PER_BUDGET))
+
+
+def budget_usage() -> dict[str, int | None]:
+    """What all sandboxes of the host budget use now (:meth:`reterm.sandbox.cgroups.Cgroups.usage` of
+    the budget's parent cgroup: ``pids``, ``pids_max``, ``memory_bytes``, ``memory_limit_bytes``...),
+    plus ``pids_reserved`` by this process's running sandboxes; ``{}`` without cgroups."""
+    budget = open_budget()
+    if budget is None:
+        return {}
+    out = budget.usage()
+    with _live_lock:
+        out["pids_reserved"] = sum(b.pids_max or 0 for b in _live.values())
+    return out
+
 
 # Rootless mode without cgroups: each exec's processes carry this variable (see Box._kill_marked).
 EXEC_MARKER_VAR = "RETERM_EXEC_ID"
@@ -357,6 +389,7 @@ class Box:
         self._close_lock = threading.Lock()
         self.on_close: list[Callable[[], None]] = []
         self.started_at = time.time()
+        self.pids_max: int | None = spec.pids_max  # as admitted (:meth:`_admit`)
 
     # ------------------------------------------------------------------------------- start
     @classmethod
@@ -403,9 +436,10 @@ class Box:
         self.mnt.mkdir(parents=True)
         self.cgroups = open_cgroups(f"reterm-{os.getpid()}-{self.id}")
         if self.cgroups is not None:
+            self.pids_max = self._admit()
             self.cgroups.set_limits(
                 memory_bytes=spec.memory_mb * 2**20 if spec.memory_mb else None,
-                pids_max=spec.pids_max,
+                pids_max=self.pids_max,
                 cpus=spec.cpus,
             )
         elif self.mode == "rootless":
@@ -416,7 +450,7 @@ class Box:
             logger.warning("cgroups are not writable here: the sandbox runs without memory/pids/cpu limits")
         self._write_state()
         with _live_lock:
-            _live[self.id] = self
+            _live[self.id] = self  # (already there when admitted against the host budget)
 
         if spec.upper is not None:
             (spec.upper / "upper").mkdir(parents=True, exist_ok=True)
@@ -568,6 +602,48 @@ class Box:
                 v = value if hard == resource.RLIM_INFINITY else min(value, hard)
                 out.append(f"{flag}={v}:{v}")
         return out + ["--"] if len(out) > 1 else []
+
+    def _admit(self) -> int | None:
+        """Admit this sandbox against the host budget (:func:`reterm.sandbox.cgroups.host_budget`);
+        returns the pids limit it gets.
+
+        Pids are reserved: the limits of this process's running sandboxes never add up to more than
+        the budget, so fork bombs in some cannot starve the others; a request larger than what is
+        left gets what is left if that is at least :data:`MIN_SANDBOX_PIDS`. Memory is admitted by
+        use: the budget's free memory must hold :data:`MIN_SANDBOX_MEMORY_MB`. Both wait up to
+        :data:`ADMISSION_TIMEOUT_S` for running sandboxes to end.
+
+        Raises:
+            SandboxError: the budget stayed too full (an infrastructure fault; nothing was started).
+        """
+        spec = self.spec
+        budget = open_budget()
+        usage = budget.usage() if budget is not None else {}
+        total_pids = usage.get("pids_max")
+        deadline = time.monotonic() + ADMISSION_TIMEOUT_S
+        while True:
+            usage = budget.usage() if budget is not None else {}
+            mem_limit, mem_used = usage.get("memory_limit_bytes"), usage.get("memory_bytes")
+            mem_ok = not (mem_limit and mem_used is not None) or mem_limit - mem_used >= MIN_SANDBOX_MEMORY_MB * 2**20
+            with _live_lock:
+                reserved = sum(b.pids_max or 0 for b in _live.values() if b is not self)
+                want = spec.pids_max
+                if not total_pids or not want:
+                    grant, pids_ok = want, True
+                else:
+                    room = total_pids - reserved
+                    grant, pids_ok = min(want, room), room >= min(want, MIN_SANDBOX_PIDS)
+                if mem_ok and pids_ok:
+                    self.pids_max = grant
+                    _live[self.id] = self
+                    return grant
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"the host budget for sandboxes stayed full for {ADMISSION_TIMEOUT_S:g} s: "
+                    f"{reserved} of {total_pids} pids reserved by running sandboxes, "
+                    f"{(mem_used or 0) >> 20} of {(mem_limit or 0) >> 20} MiB in use. Nothing was started."
+                )
+            time.sleep(0.1)
 
     def _write_state(self) -> None:
         state = {

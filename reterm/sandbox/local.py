@@ -50,7 +50,7 @@ from pydantic import Field
 
 from reterm.sandbox import snapshot as snapmod
 from reterm.sandbox.base import ensure_base
-from reterm.sandbox.box import DEFAULT_PATH, Box, BoxHealth, BoxSpec, ExecTimeoutError, SandboxError
+from reterm.sandbox.box import DEFAULT_PATH, Box, BoxHealth, BoxSpec, ExecTimeoutError, SandboxError, default_pids_max
 from reterm.sandbox.build import TaskLayer, ensure_layer
 from reterm.sandbox.paths import rmtree_writable
 from reterm.sandbox.rootless import sandbox_mode
@@ -92,7 +92,8 @@ class LocalOptions(EnvironmentOptions):
     storage_mb: int | None = Field(default=None, description="size of the writable layer (MiB); "
                                    "default: the task's storage_mb, else 4096; at most memory_mb less "
                                    "a quarter (min 256 MiB), as the layer lives in memory")  # fmt: skip
-    pids_max: int = Field(default=4096, description="most processes/threads at once (fork bombs stop here)")
+    pids_max: int | None = Field(default=None, description="most processes/threads at once (fork bombs stop here); "
+                                 "default: the host budget's pids / 8, at most 4096")  # fmt: skip
     max_output_bytes: int = Field(default=8 * 2**20, description="per-stream exec output kept (head+tail)")
     public_network: Literal["offline", "error"] = Field(
         default="offline", description="a task phase that allows internet: run it offline, or reject it"
@@ -277,7 +278,7 @@ class LocalEnvironment(BaseEnvironment):
         return {
             "memory_mb": int(mem),
             "storage_mb": effective_storage_mb(storage, int(mem)),
-            "pids_max": self.options.pids_max,
+            "pids_max": self.options.pids_max or default_pids_max(),
             "cpus": self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT),
         }
 
