@@ -9,8 +9,10 @@ and shell state (cwd, variables, an activated venv) persists between actions. On
 Written for this kit rather than reusing Terminus-2's ``TmuxSession`` because that class waits for a
 command by appending ``; tmux wait -S done`` to the keystrokes (which breaks keystrokes meant for an
 interactive program), returns whole screens rather than a command's output, and has no exit status,
-restart or shell-state transfer. Ideas taken from it: keystrokes via ``send-keys``, long text via a
-tmux paste buffer, a private history limit, ``capture-pane -J``.
+restart or shell-state transfer. Ideas taken from it: a tmux paste buffer for text, a private history
+limit, ``capture-pane -J``. What the agent types reaches the terminal byte for byte: at the prompt
+through a paste buffer, into a running program as hexadecimal keys (``send-keys -H``); never as tmux
+command arguments, which tmux splits at a trailing ``;``.
 
 How a command is followed:
 
@@ -153,7 +155,9 @@ _PANE_DEAD_RE = re.compile(r"\n*^Pane is dead \([^\n]*\)\s*$", re.MULTILINE)
 class SandboxError(RuntimeError):
     """The environment failed under the terminal (``exec`` raised or timed out, tmux cannot start).
 
-    An infrastructure fault (:attr:`reterm.trajectory.Outcome.SANDBOX_ERROR`), never an agent failure.
+    An infrastructure fault (:attr:`reterm.trajectory.Outcome.SANDBOX_ERROR`) when it happens before
+    the agent acts or the host is to blame; raised while an agent command runs, the episode loop
+    scores it as the agent's failure (:func:`reterm.agent.episode.blame_breakage`, docs/SCORING.md).
     """
 
 
