@@ -12,7 +12,8 @@
   command is the concatenated keystrokes of their ``bash_command`` calls; ``mark_task_complete``
   becomes a ``submit`` step; exit statuses are unknown (``None``).
 - :func:`from_messages`: the inverse of :meth:`Trajectory.to_messages` (the training format).
-  **Round trip**: ``to_messages(from_messages(m)) == m`` exactly, and ``from_messages(t.to_messages())``
+  **Round trip**: ``to_messages(from_messages(m)) == m`` exactly when ``m``'s tool-call ids are unique
+  (a repeated id is renamed ``call_<step index>``), and ``from_messages(t.to_messages())``
   equals ``t`` on :func:`conversation_view` (system prompt, instruction, and per step the action,
   the text around it, the parse outcome, the observation and the exit status / time-out read back
   from it). Not carried by chat messages, hence not restored: timings, token counts, ``extra``,
