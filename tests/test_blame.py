@@ -132,3 +132,14 @@ def test_evaluation_report_counts_what_the_agent_broke_as_failures(tmp_path):
     summary = summarize(job.trials, job.incomplete)
     assert summary["broken_by_agent"] == 3 and summary["infra_faults"]["n"] == 0
     assert summary["pass_at_1"]["n_trials"] == 3 and summary["pass_at_1"]["mean"] == 0.0
+
+
+@pytest.mark.slow
+def test_memory_hog_is_oom_killed_and_the_recovery_passes():
+    """Default limits: a command that allocates past the memory limit is killed (exit 137), the
+    terminal survives (its processes are small; the kernel kills the largest), and the agent goes on."""
+    hog = "python3 -c 'b = bytearray(6 << 30)'"
+    traj, health = _episode([hog, SOLVE])
+    assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0, (traj.outcome, traj.metadata.get(BROKEN_KEY))
+    assert traj.steps[0].exit_status == 137, traj.steps[0].observation
+    assert health.oom_events >= 1 and "memory" in health.limits_hit

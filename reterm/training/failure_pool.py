@@ -257,8 +257,8 @@ def online_states_from_attempt(
 
     The attempt's generated steps are localised (:func:`reterm.recovery.localise`, rules only; the copied
     history is context); its first consequential failure (``LocalisationResult.primary``) becomes a state
-    whose prompt is the whole conversation up to and including the failing step. Infrastructure faults
-    and passed attempts yield nothing.
+    whose prompt is the whole conversation up to and including the failing step. Infrastructure faults,
+    passed attempts and attempts that broke their sandbox (docs/SCORING.md) yield nothing.
 
     Args:
         trajectory: a finished, verified attempt (``trajectory.prefix_len`` = the parent's history length).
@@ -269,6 +269,8 @@ def online_states_from_attempt(
     from reterm.recovery import localise
 
     if trajectory.outcome.is_infra_fault or trajectory.passed or trajectory.reward is None or max_states < 1:
+        return []
+    if trajectory.metadata.get("broken_by_agent"):  # scored 0, but no sandbox left to recover in
         return []
     result = localise(trajectory)
     chosen = [s for s in result.states if s.primary] + [s for s in result.states if s.consequential and not s.primary]
