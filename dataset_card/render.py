@@ -48,7 +48,7 @@ COLUMN_DOCS: dict[str, str] = {
     "instruction": "the task instruction given to the agent",
     "messages": "the whole conversation: system, user instruction, assistant tool calls, tool observations",
     "tools": "JSON of the tool schemas the conversation used (`bash`, `submit`)",
-    "recovery_start": "index in `messages` of the first assistant message of the recovery",
+    "train_from_message_index": "index in `messages` of the first assistant message of the recovery",
     "failure_step": "index (0-based) of the failing step among the agent's steps",
     "failure_category": "error category of the failing step (ReTerm taxonomy id)",
     "failure_source": "`own` (the policy's own failure) or `injected` (a perturbed prefix)",
@@ -154,7 +154,7 @@ def _pick_example(records: list[dict[str, Any]], best: dict[str, Any] | None) ->
         return (len(r["messages"]), sum(len(m["content"]) for m in r["messages"]), r["id"])
 
     for r in records:
-        if 0 < r["recovery_start"] < len(r["messages"]) and (best is None or key(r) < key(best)):
+        if 0 < r["train_from_message_index"] < len(r["messages"]) and (best is None or key(r) < key(best)):
             best = r
     return best
 
@@ -167,8 +167,8 @@ def _example_markdown(record: dict[str, Any]) -> str:
     out = []
     assistant_steps = -1
     for i, m in enumerate(record["messages"]):
-        if i == record["recovery_start"]:
-            out.append(f"> ⤵ **recovery starts here** (`recovery_start` = {i}): training targets are the assistant turns below.\n")
+        if i == record["train_from_message_index"]:
+            out.append(f"> ⤵ **recovery starts here** (`train_from_message_index` = {i}): training targets are the assistant turns below.\n")
         role = m["role"]
         if role == "system":
             same = "the kit's system prompt (`reterm.agent.protocol.SYSTEM_PROMPT`)" if m["content"] == SYSTEM_PROMPT else ""

@@ -69,7 +69,7 @@ class RecoveryFromStatesSpec(BaseModel):
     Args:
         records: ReTerm-10K records (:data:`reterm.records.FEATURES`): a dataset folder
             (``datasets.load_dataset``), a ``.parquet`` or a ``.jsonl`` file. Each record's failure
-            state is its prefix ``messages[:recovery_start]`` and its ``replay_commands``.
+            state is its prefix ``messages[:train_from_message_index]`` and its ``replay_commands``.
         jobs: Harbor job folders; the primary failure state of each failed trial
             (:func:`reterm.recovery.localise.localise`) becomes a state to recover from.
         from_models: names of this config's models whose job folders (just run) give states the same
@@ -120,7 +120,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 def states_from_records(path: str | Path) -> list[Any]:
     """:class:`reterm.recovery.localise.FailureState` objects from ReTerm-10K records.
 
-    ``history`` = the steps of ``messages[:recovery_start]`` (:func:`reterm.agent.atif.from_messages`).
+    ``history`` = the steps of ``messages[:train_from_message_index]`` (:func:`reterm.agent.atif.from_messages`).
     Raises ``ValueError`` naming the file and record id for a record whose prefix cannot be read.
     """
     from reterm.agent.atif import from_messages
@@ -132,7 +132,7 @@ def states_from_records(path: str | Path) -> list[Any]:
     for i, row in enumerate(_read_records(path)):
         rid = row.get("id") or f"#{i}"
         try:
-            prefix = from_messages(chat_messages(row["messages"][: row["recovery_start"]]), task_id=row["task_id"])
+            prefix = from_messages(chat_messages(row["messages"][: row["train_from_message_index"]]), task_id=row["task_id"])
             history = [s.model_copy(update={"from_history": True}) for s in prefix.steps]
             states.append(FailureState(
                 id=rid, task_id=row["task_id"], trajectory_id=row.get("trajectory_id") or "",

@@ -57,7 +57,7 @@ def record_commands(record: dict[str, Any], start: int = 0) -> list[str]:
 
 
 def recovery_commands(record: dict[str, Any]) -> list[str]:
-    return record_commands(record, record["recovery_start"])
+    return record_commands(record, record["train_from_message_index"])
 
 
 def record_chars(record: dict[str, Any]) -> int:
@@ -88,7 +88,7 @@ def quality_problem(record: dict[str, Any], cfg: FiltersConfig) -> str | None:
         return "repetition"
     if not cfg.allow_parse_errors:
         # a parse error is answered with a user message (there was no tool call to answer)
-        if any(m["role"] == "user" for m in record["messages"][record["recovery_start"]:]):
+        if any(m["role"] == "user" for m in record["messages"][record["train_from_message_index"]:]):
             return "parse_errors"
     if cfg.drop_restarts and is_restart(list(record["replay_commands"]), rec):
         return "restart_from_scratch"

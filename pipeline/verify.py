@@ -30,7 +30,7 @@ def record_actions(record: dict[str, Any]) -> list[tuple[str, float | None, bool
             args = json.loads(call["function"]["arguments"] or "{}")
             timeout = args.get("timeout")
             out.append((str(args.get("command", "")), float(timeout) if timeout is not None else None,
-                        k >= record["recovery_start"]))  # fmt: skip
+                        k >= record["train_from_message_index"]))  # fmt: skip
     return out
 
 

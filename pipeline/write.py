@@ -2,7 +2,7 @@
 
 - A **record** (:data:`reterm.records.FEATURES`) is one attempt's whole conversation in the training
   format (:meth:`reterm.trajectory.Trajectory.to_messages`, normalised with
-  :func:`reterm.records.normalise_message`): the failure prefix, then the recovery, ``recovery_start``
+  :func:`reterm.records.normalise_message`): the failure prefix, then the recovery, ``train_from_message_index``
   pointing at the first recovery message. Its ``id`` is a hash of task and messages, so identical
   records share it.
 - The folder is written by :func:`dataset_card.layout.write_dataset_folder` (``data/train-*.parquet`` +
@@ -31,8 +31,8 @@ import yaml
 from pipeline.config import PipelineConfig
 from pipeline.recover import WorkItem
 from pipeline.tasks import TaskInfo
-from reterm.agent.protocol import TOOLS
-from reterm.records import FEATURES, normalise_message
+from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.records import FEATURES, release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
 FAILED_DIR = "failed_attempts"
@@ -40,24 +40,21 @@ PACKAGES = ("torch", "transformers", "trl", "datasets", "huggingface_hub", "harb
             "accelerate", "pyarrow")  # fmt: skip
 
 
-def record_id(task_id: str, messages: list[dict[str, Any]]) -> str:
-    """16 hex chars of a sha256 over the task id and the normalised messages."""
-    blob = json.dumps([task_id, messages], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def make_record(item: WorkItem, attempt: Trajectory, task: TaskInfo, scored: int, successes: int) -> dict[str, Any]:
-    """The :data:`FEATURES` row of one recovery attempt from ``item``'s failure state."""
-    messages = [normalise_message(m) for m in attempt.to_messages()]
+    """The :data:`FEATURES` row of one recovery attempt from ``item``'s failure state.
+
+    The release columns come from :func:`reterm.records.release_columns`; ``target_attempt_index`` is 2
+    when the failure state is the end of a failed attempt (its last history step carries the feedback
+    message), else 1.
+    """
     state = item.state
-    return {
-        "id": record_id(attempt.task_id, messages),
-        "task_id": attempt.task_id,
+    attempt_level = bool(attempt.prefix_len and attempt.steps[attempt.prefix_len - 1].extra.get("feedback"))
+    row = release_columns(attempt.task_id, attempt.to_messages(),
+                          len(attempt.to_messages(upto=attempt.prefix_len)), 2 if attempt_level else 1)
+    row.update({
         "task_license": task.license,
         "instruction": attempt.instruction,
-        "messages": messages,
         "tools": json.dumps(TOOLS, ensure_ascii=False),
-        "recovery_start": len(attempt.to_messages(upto=attempt.prefix_len)),
         "failure_step": state.step,
         "failure_category": state.category,
         "failure_source": item.source,
@@ -72,7 +69,10 @@ def make_record(item: WorkItem, attempt: Trajectory, task: TaskInfo, scored: int
         "source_policy": item.source_policy,
         "teacher": attempt.policy,
         "trajectory_id": state.trajectory_id,
-    }
+        "prompt_version": PROMPT_VERSION,
+        "family": "",
+    })
+    return row
 
 
 def attempt_trajectories(unit: dict[str, Any]) -> list[Trajectory]:

@@ -1,18 +1,30 @@
 """The ReTerm-10K record: one verified recovery from one failure state.
 
-A record is a whole conversation in the training format (OpenAI-style chat messages with tool calls,
-see :mod:`reterm.agent.protocol`): the failure prefix the agent produced itself (or an injected
-failure), then the recovery that the task's verifier accepted. ``recovery_start`` is the index in
-``messages`` of the first assistant message of the recovery: SFT trains on ``messages[recovery_start:]``
-(assistant turns only) with ``messages[:recovery_start]`` as the prompt; GRPO rebuilds the failure
-state from the prefix.
+The first six columns are the authors' release (``twothsnd/ReTerm-10K``), with the release's meanings:
 
+- ``id``: ``<task_id>:<first 16 hex digits of trajectory_sha256>`` (:func:`record_id`);
+- ``task_id``: the task the record comes from;
+- ``messages``: the whole conversation in the training format (OpenAI-style chat messages with tool calls,
+  :mod:`reterm.agent.protocol`): the failed attempt kept as context, then the recovery the task's verifier
+  accepted;
+- ``train_from_message_index``: index in ``messages`` of the first assistant message trained on (the first
+  message of the recovery). SFT trains on the assistant turns of ``messages[train_from_message_index:]`` with
+  ``messages[:train_from_message_index]`` as the prompt;
+- ``target_attempt_index``: the attempt trained on, counted from 1. ``2`` for attempt-level failure states
+  (the release's protocol: a whole failed first attempt, the feedback message, then the second attempt made in
+  the state the first left behind); ``1`` for step-level failure states (the recovery continues the same
+  attempt right after its first consequential failing step);
+- ``trajectory_sha256``: :func:`trajectory_sha256`, the SHA-256 of the canonical JSON of ``messages``.
+
+The kit's own metadata columns follow (failure category and source, replay commands, verifier reward...).
 Produced by ``pipeline/``, read by ``train/sft.py``, ``train/grpo.py`` (failure-state pool), the dataset
-card and the Space. :data:`FEATURES` is the ``datasets`` schema of the published parquet shards.
+card and the Space. :data:`FEATURES` is the ``datasets`` schema of the published parquet shards;
+:data:`RELEASE_COLUMNS` is what a dataset must have at least for SFT.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -32,15 +44,20 @@ MESSAGE = {
     "name": Value("string"),  # tool name on tool messages, else ""
 }
 
+RELEASE_COLUMNS = ("id", "task_id", "messages", "train_from_message_index", "target_attempt_index",
+                   "trajectory_sha256")
+
 FEATURES = Features(
     {
-        "id": Value("string"),  # stable content hash: identical records share it (dedup, resume)
+        "id": Value("string"),  # <task_id>:<first 16 hex of trajectory_sha256> (dedup, resume)
         "task_id": Value("string"),
-        "task_license": Value("string"),
-        "instruction": Value("string"),
         "messages": List(MESSAGE),
+        "train_from_message_index": Value("int32"),  # index in messages of the first trained assistant message
+        "target_attempt_index": Value("int32"),  # 2: attempt-level failure state; 1: step-level
+        "trajectory_sha256": Value("string"),  # sha256 of the canonical JSON of messages
+"task_license": Value("string"),
+        "instruction": Value("string"),
         "tools": Value("string"),  # JSON of the tool schemas the conversation used (protocol.TOOLS)
-        "recovery_start": Value("int32"),  # index in messages of the first recovery assistant message
         "failure_step": Value("int32"),  # step index (0-based) of the failing step in the trajectory
         "failure_category": Value("string"),  # reterm.recovery taxonomy name
         "failure_source": Value("string"),  # "own" (the policy's own failure) | "injected"
@@ -55,8 +72,28 @@ FEATURES = Features(
         "source_policy": Value("string"),  # the policy whose rollout failed
         "teacher": Value("string"),  # the recovery policy that wrote the kept attempt
         "trajectory_id": Value("string"),
+        "prompt_version": Value("string"),  # reterm.agent.protocol.PROMPT_VERSION of the conversation
+        "family": Value("string"),  # the recovery drill's family ("" for other tasks)
     }
 )
+
+
+def trajectory_sha256(messages: list[dict[str, Any]]) -> str:
+    """SHA-256 (64 hex digits) of ``messages`` as canonical JSON.
+
+    Each message is first put in the uniform layout (:func:`normalise_message`: tool-call ``arguments`` as
+    JSON strings, missing fields as ``""``/``[]``), then the list is serialised with sorted keys, no
+    whitespace and UTF-8 (``json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False)``).
+    Identical conversations hash identically whatever their source.
+    """
+    canon = [normalise_message(m) for m in messages]
+    text = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def record_id(task_id: str, sha256: str) -> str:
+    """The release's record id: ``<task_id>:<first 16 hex digits of the trajectory's sha256>``."""
+    return f"{task_id}:{sha256[:16]}"
 
 
 def normalise_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +109,8 @@ def normalise_message(message: dict[str, Any]) -> dict[str, Any]:
             {
                 "id": call.get("id", ""),
                 "type": call.get("type", "function"),
-                "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
+                "function": {"name": fn["name"],
+                         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
             }
         )
     return {
@@ -82,6 +120,14 @@ def normalise_message(message: dict[str, Any]) -> dict[str, Any]:
         "tool_call_id": message.get("tool_call_id") or "",
         "name": message.get("name") or "",
     }
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    """Tool-call arguments as a mapping: a JSON string (the kit's and the release's parquet) or a mapping
+    (JSON lines written by other tools); empty or missing is ``{}``."""
+    if value is None or value == "":
+        return {}
+    return dict(value) if isinstance(value, dict) else json.loads(value)
 
 
 def chat_messages(record_messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -97,7 +143,7 @@ def chat_messages(record_messages: list[dict[str, Any]]) -> list[dict[str, Any]]
                     "type": "function",
                     "function": {
                         "name": c["function"]["name"],
-                        "arguments": json.loads(c["function"]["arguments"] or "{}"),
+                        "arguments": _arguments(c["function"].get("arguments")),
                     },
                 }
                 for c in m["tool_calls"]
@@ -108,3 +154,30 @@ def chat_messages(record_messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             msg["name"] = m["name"]
         out.append(msg)
     return out
+
+
+def release_columns(task_id: str, messages: list[dict[str, Any]], train_from_message_index: int,
+                    target_attempt_index: int) -> dict[str, Any]:
+    """The six release columns of one record, in order (the one conversion every producer uses).
+
+    Args:
+        task_id: the task's id.
+        messages: chat messages (any layout :func:`normalise_message` accepts).
+        train_from_message_index: index of the first assistant message trained on.
+        target_attempt_index: 2 for an attempt-level failure state, 1 for a step-level one.
+
+    Raises:
+        ValueError: naming the task when ``train_from_message_index`` does not point at an assistant
+            message of ``messages``.
+    """
+    msgs = [normalise_message(m) for m in messages]
+    k = int(train_from_message_index)
+    if not 0 < k < len(msgs) or msgs[k]["role"] != "assistant":
+        raise ValueError(f"record of task {task_id}: train_from_message_index={k} does not point at an "
+                         f"assistant message (of {len(msgs)} messages)")
+    if target_attempt_index not in (1, 2):
+        raise ValueError(f"record of task {task_id}: target_attempt_index={target_attempt_index!r} (1 or 2)")
+    sha = trajectory_sha256(msgs)
+    return {"id": record_id(task_id, sha), "task_id": task_id, "messages": msgs,
+            "train_from_message_index": k, "target_attempt_index": int(target_attempt_index),
+            "trajectory_sha256": sha}

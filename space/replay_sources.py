@@ -5,7 +5,7 @@ A source is named by one string (:func:`open_source` tells the kinds apart):
 - **ReTerm-10K records** (:data:`reterm.records.FEATURES`): a dataset folder as ``reterm data build`` or
   ``push_to_hub`` writes it (``data/{split}-*.parquet``), a ``.parquet``/``.jsonl`` file, or a Hub dataset
   id (``ORG/NAME``, loaded with ``datasets.load_dataset``). Each record is a failure prefix then the
-  verified recovery; the failing step is ``failure_step``, the recovery starts at ``recovery_start``.
+  verified recovery; the failing step is ``failure_step``, the recovery starts at ``train_from_message_index``.
 - **Harbor job folders** (trial folders with ``config.json``/``result.json``/``agent/``), read with
   :func:`reterm.agent.atif.trajectories_from_job`; the failure step is the primary failure state of
   :func:`reterm.recovery.localise` (rules), and steps after it are the recovery when the trial passed.
@@ -188,7 +188,7 @@ def _load_records_file(path: Path) -> list[tuple[str, Any]]:
 
 
 # --------------------------------------------------------------------------------- records
-_RECORD_COLUMNS = ("messages", "recovery_start", "failure_step", "failure_category", "task_id")
+_RECORD_COLUMNS = ("messages", "train_from_message_index", "failure_step", "failure_category", "task_id")
 
 
 def _records_source(spec: str, splits: list[tuple[str, Any]]) -> Source:
@@ -226,7 +226,7 @@ def record_trajectory(row: dict[str, Any]) -> tuple[Trajectory, int]:
                              policy=row.get("teacher") or "")  # fmt: skip
     except (KeyError, ValueError, TypeError) as exc:
         raise SourceError(f"record {row.get('id', '?')}: messages are not a ReTerm conversation ({exc})") from exc
-    start = int(row.get("recovery_start") or 0)
+    start = int(row.get("train_from_message_index") or 0)
     recovery_from = sum(1 for m in row["messages"][:start] if m["role"] == "assistant")
     reward = row.get("verifier_reward")
     traj.set_reward(None if reward is None else float(reward))

@@ -88,9 +88,9 @@ def test_rollout_row_with_unhashable_group_is_a_source_error(tmp_path):
         open_source(str(folder))
 
 
-@pytest.mark.parametrize("field,value", [("failure_step", None), ("recovery_start", "x"), ("verifier_reward", "good")])
+@pytest.mark.parametrize("field,value", [("failure_step", None), ("train_from_message_index", "x"), ("verifier_reward", "good")])
 def test_record_with_a_wrongly_typed_field_is_a_source_error(tmp_path, field, value):
-    # a .jsonl of records whose failure_step is null / recovery_start or verifier_reward a word: opening
+    # a .jsonl of records whose failure_step is null / train_from_message_index or verifier_reward a word: opening
     # worked, showing an item raised TypeError/ValueError (the Space only turns SourceError into a message)
     from datasets import load_dataset
 

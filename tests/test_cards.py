@@ -85,7 +85,7 @@ def test_dataset_card_reads_well(dataset_folder):
     assert 'load_dataset("reterm/ReTerm-10K", split="train")' in body
     # the worked example: the shortest record (json-pretty), its failing step and where the recovery starts
     assert "task `json-pretty`" in body
-    assert "❌ *failing step*" in body and "**recovery starts here** (`recovery_start` = 4)" in body
+    assert "❌ *failing step*" in body and "**recovery starts here** (`train_from_message_index` = 4)" in body
     assert "bash: jq: command not found" in body
     # every column is documented, in FEATURES order
     assert [line.split("`")[1] for line in body.splitlines() if line.startswith("| `") and "` | `" in line][: len(FEATURES)] == list(FEATURES)

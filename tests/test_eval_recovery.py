@@ -33,7 +33,7 @@ def _record(rid: str, category: str, folder: str, failing: tuple[str, str, int])
     for s in steps:
         messages += step_messages(s)
     return {"id": rid, "task_id": "hello-file", "messages": [normalise_message(m) for m in messages],
-            "recovery_start": len(messages), "failure_step": 2, "failure_category": category,
+            "train_from_message_index": len(messages), "failure_step": 2, "failure_category": category,
             "failure_command": failing[0], "failure_output": failing[1],
             "replay_commands": [c for c, _, _ in commands]}
 

@@ -176,9 +176,9 @@ def test_records_point_at_the_recovery_and_have_stable_ids():
 
     rows, failed = records_from_unit(item, unit, task_info(TASKS / task), per_state=1)
     (r,), (f,) = rows, failed
-    assert r["messages"][r["recovery_start"]]["role"] == "assistant"
-    assert json.loads(r["messages"][r["recovery_start"]]["tool_calls"][0]["function"]["arguments"])["command"].startswith("dpkg")
-    assert r["messages"][r["recovery_start"] - 1]["content"].startswith("bash: logstat")
+    assert r["messages"][r["train_from_message_index"]]["role"] == "assistant"
+    assert json.loads(r["messages"][r["train_from_message_index"]]["tool_calls"][0]["function"]["arguments"])["command"].startswith("dpkg")
+    assert r["messages"][r["train_from_message_index"] - 1]["content"].startswith("bash: logstat")
     assert (r["attempts"], r["successful_attempts"], r["recovery_turns"]) == (2, 1, 3)  # infra not counted
     assert r["failure_category"] == "missing_dependency" and r["failure_source"] == "own"
     assert r["replay_commands"] == ["cd /app", "logstat x"] and r["task_license"] == "apache-2.0"
@@ -208,7 +208,7 @@ def _record(rid: str, task: str, prefix: list[str], recovery: list[str], categor
     start = len(msgs)
     for c in recovery:
         msgs += [call(c), tool("out")]
-    return {"id": rid, "task_id": task, "instruction": instruction, "messages": msgs, "recovery_start": start,
+    return {"id": rid, "task_id": task, "instruction": instruction, "messages": msgs, "train_from_message_index": start,
             "recovery_turns": len(recovery), "replay_commands": prefix, "failure_category": category,
             "failure_command": prefix[-1], "failure_output": "bash: x: command not found\n[exit status: 127]"}
 
@@ -223,7 +223,7 @@ def test_quality_filter_reasons():
     assert filters.quality_problem(_record("a", "t", ["cd /app", "ls", "bad"], ["cd /app", "ls", "good"]),
                                    FiltersConfig(drop_restarts=False)) is None
     r = _record("a", "t", ["ls"], ["fix"])
-    r["messages"].insert(r["recovery_start"] + 1, {"role": "user", "content": "[parse error]", "tool_calls": [],
+    r["messages"].insert(r["train_from_message_index"] + 1, {"role": "user", "content": "[parse error]", "tool_calls": [],
                                                    "tool_call_id": "", "name": ""})
     assert filters.quality_problem(r, cfg) == "parse_errors"
     assert filters.quality_problem(_record("a", "t", ["ls"], ["x" * 200]), FiltersConfig(max_chars=100)) == "too_long"

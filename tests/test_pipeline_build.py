@@ -117,7 +117,7 @@ def test_build_loads_and_kept_recoveries_replay_to_reward_1(uninterrupted):
                 for call in m["tool_calls"] if m["role"] == "assistant" else []:
                     if call["function"]["name"] == "bash":
                         args = json.loads(call["function"]["arguments"])
-                        default = 10 if k < row["recovery_start"] else 30
+                        default = 10 if k < row["train_from_message_index"] else 30
                         await session.run(args["command"], timeout=args.get("timeout") or default)
             return (await run_verifier(env, task)).reward
 

@@ -299,7 +299,7 @@ def test_reduced_chain_end_to_end(tmp_path):
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     ds = load_dataset(str(run / "data"), split="train")
-    assert len(ds) >= 1 and "recovery_start" in ds.column_names
+    assert len(ds) >= 1 and "train_from_message_index" in ds.column_names
     for sub in ("sft", "grpo-reterm", "grpo-standard"):
         assert (run / sub / "merged" / "config.json").is_file(), sub
         assert (run / sub / "training_summary.json").is_file(), sub

@@ -86,9 +86,9 @@ def test_json_feature_keeps_tool_arguments_exact(records):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("recovery_start", 3, "points at a 'tool' message"),
-        ("recovery_start", 99, "outside"),
-        ("recovery_start", 0, "outside"),
+        ("train_from_message_index", 3, "points at a 'tool' message"),
+        ("train_from_message_index", 99, "outside"),
+        ("train_from_message_index", 0, "outside"),
         ("tools", "{not json", "'tools' is not valid JSON"),
     ],
 )
@@ -104,8 +104,8 @@ def test_missing_split_and_columns_are_named(tmp_path, records):
     with pytest.raises(ValueError, match="no split 'validation'"):
         load_records(str(FIXTURE), "validation")
     bad = tmp_path / "bad"
-    records.remove_columns(["recovery_start"]).to_parquet(str(bad / "data" / "train-00000-of-00001.parquet"))
-    with pytest.raises(ValueError, match=r"missing column\(s\) \['recovery_start'\]"):
+    records.remove_columns(["train_from_message_index"]).to_parquet(str(bad / "data" / "train-00000-of-00001.parquet"))
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['train_from_message_index'\]"):
         load_records(str(bad), "train")
 
 

@@ -904,11 +904,97 @@ def write_plots(run_dir: Path, stage_order: list[str]) -> list[Path]:
     return written
 
 
+DRILL_MODELS = {"base": "base (SmolLM2-135M-Instruct)", "sft": "SFT cold start", "grpo-standard": "standard GRPO",
+                "grpo-reterm": "ReTerm-GRPO"}
+"""The four models of the drills evaluation (``eval.drills``), in table order."""
+
+
+def _rate_md(r: dict[str, Any] | None) -> str:
+    if not r or r.get("value") is None:
+        return "-"
+    return f"{r['value']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] (n={r['n']})"
+
+
+def _stage_totals(run_dir: Path, stage_order: list[str]) -> tuple[float, float]:
+    """(wall seconds summed over the stages' records, the largest peak RSS in GB)."""
+    wall, peak = 0.0, 0.0
+    for st in stage_order:
+        rec = read_marker(run_dir, st) or {}
+        wall += float(rec.get("wall_s") or 0.0)
+        peak = max(peak, float(rec.get("peak_mem_mb") or 0.0) / 1024)
+    return round(wall, 1), round(peak, 2)
+
+
+def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str, Any]]:
+    """The summary of a run evaluated on the recovery drills (``RUN/eval/results.json`` of ``eval.drills``).
+
+    ``summary.json`` holds, per model, ``pass_at_1`` and ``recovery_at_1`` (each ``{"drills_id",
+    "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``), ``valid_tool_call_rate``, and for the two GRPO
+    runs ``zero_variance_group_share`` and ``steps``; plus the paired differences, ``wall_s`` and
+    ``peak_rss_gb`` of the run. Returns ``(markdown, data)``.
+    """
+    run_dir = Path(run_dir)
+    results = _load_json(run_dir / "eval" / "results.json") or {}
+    models = results.get("models") or {}
+    data: dict[str, Any] = {"run": _rel(run_dir), "models": {}, "differences": results.get("differences", {})}
+    lines = [f"# ReTerm run `{_rel(run_dir)}` (recovery drills)", "",
+             "Rates: value [Wilson 95% interval] (n items). Greedy decoding, the kit's one harness and prompt.", "",
+             "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
+             "zero-variance groups | GRPO steps |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, label in DRILL_MODELS.items():
+        m = models.get(name) or {}
+        entry: dict[str, Any] = {"label": label, "pass_at_1": m.get("pass_at_1"), "recovery_at_1": m.get("recovery_at_1"),
+                                 "valid_tool_call_rate": m.get("valid_tool_call_rate"),
+                                 "recovery_own": m.get("recovery_own"),
+                                 "recovery_at_1_by_category": m.get("recovery_at_1_by_category")}  # fmt: skip
+        zv = steps = None
+        if name.startswith("grpo"):
+            ts = _load_json(run_dir / name / "training_summary.json") or {}
+            if ts.get("groups"):
+                zv = round(ts.get("zero_variance_groups", 0) / ts["groups"], 3)
+            steps = ts.get("steps")
+            entry.update(zero_variance_group_share=zv, steps=steps,
+                         generated_tokens=(ts.get("budget") or {}).get("generated_tokens"),
+                         attempts=ts.get("attempts"))  # fmt: skip
+        data["models"][name] = entry
+        p1, r1 = m.get("pass_at_1") or {}, m.get("recovery_at_1") or {}
+        lines.append(f"| {label} | {_rate_md(p1.get('drills_id'))} | {_rate_md(p1.get('drills_ood'))} | "
+                     f"{_rate_md(r1.get('drills_id'))} | {_rate_md(r1.get('drills_ood'))} | "
+                     f"{_rate_md(m.get('valid_tool_call_rate'))} | {'-' if zv is None else f'{zv:.2f}'} | "
+                     f"{'-' if steps is None else steps} |")  # fmt: skip
+    lines += ["", "## Paired differences (bootstrap 95% interval over the same items)", ""]
+    for pair, per in data["differences"].items():
+        for key, d in per.items():
+            if d.get("diff") is None:
+                continue
+            if d["excludes_zero"]:
+                word = "better" if d["diff"] > 0 else "worse"
+                verdict = f"{pair.split(' - ')[0]} is {word} than {pair.split(' - ')[1]}"
+            else:
+                verdict = "the interval includes 0: no difference shown"
+            lines.append(f"- {pair}, {key}: {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
+                         f"(n={d['n']}): {verdict}")  # fmt: skip
+    wall, peak = _stage_totals(run_dir, stage_order)
+    data.update(wall_s=wall, peak_rss_gb=peak)
+    lines += ["", "## Time and memory per stage", "", "| stage | wall | peak RSS |", "|---|---|---|"]
+    for st in stage_order:
+        rec = read_marker(run_dir, st) or {}
+        lines.append(f"| {st} | {fmt_duration(rec.get('wall_s'))} | {fmt_mb(rec.get("peak_mem_mb"))} |")
+    lines += [f"| **total** | {fmt_duration(wall)} | {peak:.1f} GB |", "",
+              f"Details: `{_rel(run_dir)}/eval/report.md` (Recovery@k, Fatal Attempt Rate, per category), "
+              f"`{_rel(run_dir)}/data/stats.json`, the GRPO curves in `{_rel(run_dir)}/grpo-*/curves.png`."]  # fmt: skip
+    return "\n".join(lines) + "\n", data
+
+
 def summary(run_dir: Path, stage_order: list[str]) -> int:
     """Write ``RUN/plots/``, ``RUN/summary.md`` and ``RUN/summary.json`` and print the summary."""
     run_dir = Path(run_dir)
     write_plots(run_dir, stage_order)
-    md, data = build_summary(run_dir, stage_order)
+    results = _load_json(run_dir / "eval" / "results.json") or {}
+    if isinstance(results.get("models"), dict):  # the drills evaluation (eval.drills)
+        md, data = build_drills_summary(run_dir, stage_order)
+    else:
+        md, data = build_summary(run_dir, stage_order)
     (run_dir / "summary.md").write_text(md)
     _write_json_atomic(run_dir / "summary.json", data)
     print(md)

@@ -81,7 +81,7 @@ async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float
     rid = hashlib.sha256(json.dumps([task, commands], sort_keys=True).encode()).hexdigest()[:16]
     return {
         "id": rid, "task_id": task, "task_license": "Apache-2.0", "instruction": traj.instruction,
-        "messages": messages, "tools": json.dumps(TOOLS), "recovery_start": len(messages),
+        "messages": messages, "tools": json.dumps(TOOLS), "train_from_message_index": len(messages),
         "failure_step": state.step, "failure_category": state.category, "failure_source": "injected",
         "injection": INJECTION, "failure_command": state.command or "", "failure_output": state.output,
         "replay_commands": state.replay_commands, "verifier_reward": float(traj.reward or 0.0), "attempts": 0,

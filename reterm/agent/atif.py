@@ -288,7 +288,9 @@ def from_messages(
 ) -> Trajectory:
     """The inverse of :meth:`Trajectory.to_messages`: a trajectory from training-format chat messages.
 
-    Layout read: ``[system, user(instruction), (assistant, tool | assistant, user | assistant(submit))...]``
+    Layout read: ``[system, user(instruction), (assistant, tool | assistant, user | assistant(submit))...]``;
+    a failed attempt's feedback (a ``tool`` message after a submit, or a ``user`` message after a step's own
+    messages) goes back into that step's ``extra["feedback"]``.
     (a leading system message is optional). ``arguments`` may be JSON strings or mappings. See the
     module docstring for what is restored.
 
@@ -320,6 +322,9 @@ def from_messages(
             steps.append(Step(index=len(steps), model_text=content, reasoning=parsed.message_content or None,
                               parse_error=parsed.outcome, observation=observation))  # fmt: skip
             i += 2
+            if i < len(msgs) and msgs[i].get("role") == "user":  # the feedback that ends a failed attempt
+                steps[-1].extra["feedback"] = msgs[i].get("content") or ""
+                i += 1
             continue
         if len(calls) != 1:
             raise ValueError(f"messages[{i}]: {len(calls)} tool calls in one message; a step has one")
@@ -334,9 +339,12 @@ def from_messages(
         if name not in ("bash", "submit"):
             raise ValueError(f"messages[{i}]: unknown tool {name!r}")
         call_id = calls[0].get("id") or tool_call_id(len(steps))
+        feedback = None
         if name == "submit":
             action = Action(tool="submit", call_id=call_id)
             observation, nxt = "", i + 1
+            if nxt < len(msgs) and msgs[nxt].get("role") == "tool":  # a failed attempt's feedback (attempt-level)
+                feedback, nxt = msgs[nxt].get("content") or "", nxt + 1
         else:
             timeout = args.get("timeout")
             action = Action(tool="bash", command=args.get("command", ""), timeout=None if timeout is None else float(timeout),
@@ -344,6 +352,8 @@ def from_messages(
             if i + 1 >= len(msgs) or msgs[i + 1].get("role") != "tool":
                 raise ValueError(f"messages[{i + 1}]: a bash call must be followed by its tool message")
             observation, nxt = msgs[i + 1].get("content") or "", i + 2
+            if nxt < len(msgs) and msgs[nxt].get("role") == "user":  # feedback after the attempt's last bash step
+                feedback, nxt = msgs[nxt].get("content") or "", nxt + 1
         exit_status, timed_out = observation_status(observation) if name == "bash" else (None, False)
         steps.append(
             Step(
@@ -354,6 +364,7 @@ def from_messages(
                 observation=observation,
                 exit_status=exit_status,
                 timed_out=timed_out,
+                extra={"feedback": feedback} if feedback is not None else {},
             )
         )
         i = nxt

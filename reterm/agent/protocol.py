@@ -22,39 +22,41 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from reterm.trajectory import Action, Step
 
-SYSTEM_PROMPT = """\
-You are an expert Linux engineer working in a terminal. You are given a task and a bash shell \
-inside the task's machine; the working directory is the task's folder.
+PROMPT_VERSION = "v2"
+"""Version of the system prompt and tool schema below (stored in every record's and trajectory's metadata).
 
-Work in small steps: run one command with the `bash` tool, read its output and exit status, then \
-decide the next command. If a command fails, read the error, find its cause and fix it before \
-moving on; do not repeat a failing command unchanged. When the task is complete and you have \
-checked the result, call the `submit` tool. Tests run after you submit; you cannot undo it."""
+v2 follows the authors' release (``twothsnd/ReTerm-10K``: a few-line system prompt beginning "You are a
+helpful assistant that can interact with a Linux terminal", one ``bash`` tool that runs one
+non-interactive command, persistent directory and environment changes), plus the kit's ``submit`` tool
+that ends an attempt. The text lives in ``prompts/system_v2.md`` so that every stage and every model reads
+the same file."""
+
+_PROMPTS = Path(__file__).resolve().parent / "prompts"
+
+SYSTEM_PROMPT = (_PROMPTS / f"system_{PROMPT_VERSION}.md").read_text().strip()
+
+FEEDBACK_VERSION = "v1"
+FEEDBACK_MESSAGE = (_PROMPTS / f"feedback_{FEEDBACK_VERSION}.md").read_text().strip()
+"""The message that starts a recovery attempt after a failed attempt (attempt-level failure states).
+
+It says that the attempt did not pass and that the environment keeps its changes, and it does not reveal the
+tests (the release's protocol; see docs/PROTOCOL.md). Versioned like the system prompt."""
 
 BASH_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "bash",
-        "description": (
-            "Type a command into the persistent bash terminal and press Enter. Returns the terminal "
-            "output and the exit status. A program still running after `timeout` seconds is "
-            "interrupted with Ctrl-C. Keystrokes typed while an interactive program (python, less, "
-            "vim) is in the foreground go to that program. A command that is only a key name (C-c, "
-            "C-d, C-z, Escape, Tab, Up, Down, Enter) presses that key without Enter; an empty "
-            "command sends nothing and waits for more output."
-        ),
+        "description": "Run one non-interactive shell command and return its output and exit status.",
         "parameters": {
             "type": "object",
             "properties": {
-                "command": {"type": "string", "description": "The command line (or keystrokes) to type."},
-                "timeout": {
-                    "type": "number",
-                    "description": "Seconds to wait for the command to finish (default 30, at most 600).",
-                },
+                "command": {"type": "string", "description": "The shell command."},
+                "timeout": {"type": "number", "description": "Seconds to wait (default 30)."},
             },
             "required": ["command"],
         },
@@ -65,7 +67,7 @@ SUBMIT_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "submit",
-        "description": "Declare the task complete. The task's tests run next; no further commands.",
+        "description": "Call when the task is complete; the tests run next.",
         "parameters": {"type": "object", "properties": {}, "required": []},
     },
 }
@@ -89,12 +91,18 @@ def step_messages(step: Step) -> list[dict[str, Any]]:
       ``submit`` ends the episode, so it gets no tool message.
     - a parse error: ``assistant`` with the raw model text, then a ``user`` message holding the
       parse-error observation (there is no call to answer).
+    - the last step of a failed attempt that a recovery attempt continues carries
+      ``step.extra["feedback"]`` (:data:`FEEDBACK_MESSAGE`): after a ``submit`` it is the submit's ``tool``
+      response, after any other step a ``user`` message. The next assistant message starts attempt 2.
     """
     if step.action is None:
-        return [
+        out = [
             {"role": "assistant", "content": step.model_text},
             {"role": "user", "content": step.observation},
         ]
+        if step.extra.get("feedback"):
+            out.append({"role": "user", "content": step.extra["feedback"]})
+        return out
     args: dict[str, Any] = {}
     if step.action.tool == "bash":
         args["command"] = step.action.command or ""
@@ -106,10 +114,16 @@ def step_messages(step: Step) -> list[dict[str, Any]]:
         "function": {"name": step.action.tool, "arguments": json.dumps(args, ensure_ascii=False)},
     }
     messages: list[dict[str, Any]] = [{"role": "assistant", "content": step.reasoning or "", "tool_calls": [call]}]
+    feedback = step.extra.get("feedback")
     if step.action.tool == "bash":
         messages.append(
             {"role": "tool", "tool_call_id": step.action.call_id, "name": "bash", "content": step.observation}
         )
+    elif feedback:
+        # the submit that ended a failed attempt: the feedback is its tool response
+        return messages + [{"role": "tool", "tool_call_id": step.action.call_id, "name": "submit", "content": feedback}]
+    if feedback:
+        messages.append({"role": "user", "content": feedback})
     return messages
 
 

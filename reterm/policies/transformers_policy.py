@@ -4,7 +4,9 @@ The prompt of every conversation is rendered by the tokenizer's own chat templat
 (``apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)``), so the model sees its
 native tool-call format; the reply is returned as raw text for the harness's parser
 (:func:`reterm.agent.protocol.parse_action`). A batch of conversations is generated as one
-left-padded batch (the episode loop batches GRPO groups and recovery fan-outs).
+left-padded batch (the episode loop batches GRPO groups and recovery fan-outs). Each conversation's
+key/value states are kept between turns (:class:`reterm.policies.kv_cache.PrefixKVCache`), so a turn reads
+only the tokens that are new since the last one (``kv_cache=False`` reads the whole prompt every turn).
 
 Loading rules (issue 4, shared notes):
 - ``smollm2`` is the embedded default model (:mod:`reterm.policies.smollm2`).
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
+from reterm.policies.kv_cache import DEFAULT_MAX_BYTES, PrefixKVCache
 from reterm.policies.sampling import SamplingParams
 from reterm.policies.smollm2 import EMBEDDED_NAME, chat_template, resolve_model_name_or_path
 
@@ -120,6 +123,9 @@ class TransformersPolicy:
         merge_adapter: merge the PEFT adapter into the weights (faster generation).
         name: the policy's name in trajectories; default ``hf:<model>`` (``smollm2`` for the default).
         trust_remote_code: passed to ``from_pretrained``.
+        kv_cache: keep each conversation's key/value states between turns (same greedy tokens, far fewer
+            tokens read per turn); ``False`` re-reads every prompt.
+        kv_cache_bytes: bound on the key/value bytes kept (least recently used conversations go first).
 
     Attributes:
         call_format: ``"qwen"`` when the chat template renders Qwen3.5's ``<function=...>`` calls, else
@@ -150,6 +156,8 @@ class TransformersPolicy:
         merge_adapter: bool = True,
         name: str | None = None,
         trust_remote_code: bool = False,
+        kv_cache: bool = True,
+        kv_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         import torch
 
@@ -193,6 +201,7 @@ class TransformersPolicy:
         self.pad_token_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         )
+        self.kv_cache = PrefixKVCache(enabled=kv_cache, max_bytes=kv_cache_bytes)
 
     # ------------------------------------------------------------------------------ loading
     @staticmethod
@@ -311,6 +320,7 @@ class TransformersPolicy:
                 chat template's own error for an impossible message order.
         """
         prompts = [self.prompt_ids(messages, tools) for messages in batch]
+        self.kv_cache.advance()
         results: list[Generation | None] = [None] * len(batch)
         groups: dict[int, list[int]] = {}
         for i, ids in enumerate(prompts):
@@ -333,29 +343,17 @@ class TransformersPolicy:
     def _generate_padded(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
         import torch
 
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids) :] = 1
         s = self.sampling
-        gen_kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "eos_token_id": self.stop_token_ids,
-            "pad_token_id": self.pad_token_id,
-            "return_dict_in_generate": True,
-            "output_logits": self.return_logprobs,
-        }
+        gen_kwargs: dict[str, Any] = {}
         if s.greedy:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None)
         else:  # other fields of the checkpoint's generation_config (e.g. Qwen3.5's top_k=20) still apply
             gen_kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **gen_kwargs
-            )
-        new = out.sequences[:, width:].cpu()
+        out = self.kv_cache.generate(
+            self.model, prompts, max_new_tokens=max_new_tokens, stop_token_ids=self.stop_token_ids,
+            pad_token_id=self.pad_token_id, generation_kwargs=gen_kwargs, output_logits=self.return_logprobs,
+        )  # fmt: skip
+        new = out.new_ids
         logprobs = None
         if self.return_logprobs:
             logits = torch.stack(out.logits, dim=1).float()  # (B, T, V)
@@ -380,7 +378,7 @@ class TransformersPolicy:
                     token_ids=kept,
                     logprobs=logprobs[row, : len(kept)].tolist() if logprobs is not None else None,
                     finish_reason=finish,
-                    extra={"prompt_token_ids": ids},
+                    extra={"prompt_token_ids": ids, "cached_prompt_tokens": out.reused[row]},
                 )
             )
         return results

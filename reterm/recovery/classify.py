@@ -458,7 +458,7 @@ RULES: list[Callable[[_Ctx], Classification | None]] = [
              r"|in prepare, near \"|near \"[^\"]*\": syntax error|ERROR 1064 \(42000\)|ERROR:  syntax error at or near"
              r"|System has not been booted with systemd|not in gzip format|not a bzip2 file|This does not look like a tar archive"
              r"|^Try '[\w.-]+ --help'|missing (?:\w+ )?argument|invalid mode|invalid argument\b(?! [(]os error)|Cowardly refusing"
-             r"|column \"[^\"]+\" does not exist|no such column|Unknown column '",
+             r"|column \"[^\"]+\" does not exist|no such column|Unknown column '|-r not specified; omitting directory",
              "usage_or_syntax"),
     _pattern(C.WRONG_COMMAND, 0.7, r"^(?:ERROR: )?[Uu]sage: \S+", "usage_printed", require_failed=True),
     # ---- wrong state of the environment

@@ -86,6 +86,9 @@ class FailureState(BaseModel):
         consequential: not resolved later in the trajectory.
         primary: the failure state of this trajectory (see module docstring).
         trial_passed: the verifier's verdict on the trajectory (``None`` when unscored).
+        level: ``attempt_end`` (the release's protocol: the files a whole failed attempt left, recovered by a
+            second attempt after a feedback message; :mod:`reterm.recovery.attempts`) or
+            ``first_failing_step`` (the recovery continues the same attempt after its failing step).
     """
 
     id: str
@@ -111,6 +114,7 @@ class FailureState(BaseModel):
     consequential: bool = True
     primary: bool = False
     trial_passed: bool | None = None
+    level: Literal["first_failing_step", "attempt_end"] = "first_failing_step"
 
 
 class InfraTag(BaseModel):

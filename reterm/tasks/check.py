@@ -95,12 +95,17 @@ def check_task(path: Path, *, build: bool = True) -> TaskCheck:
     return result
 
 
+SPLIT_NAMES = ("train", "test", "test_ood")
+"""The task lists a ``splits.json`` may hold: ``train``, ``test`` (held out) and ``test_ood`` (held-out
+task families, as the recovery drills write)."""
+
+
 def check_splits(root: Path, checks: list[TaskCheck]) -> list[str]:
     """Problems with ``root/splits.json`` (empty when consistent or absent).
 
-    The file must name every task of ``root`` in exactly one of ``train``/``test``, and its
-    ``tasks[name]`` entry must repeat the task's ``[metadata]`` difficulty and error categories.
-    Tasks listed in it must also have a solution and at least one category.
+    The file must name every task of ``root`` in exactly one of its task lists (:data:`SPLIT_NAMES`;
+    ``test_ood`` is optional), and its ``tasks[name]`` entry must repeat the task's ``[metadata]``
+    difficulty and error categories. Tasks listed in it must also have a solution and at least one category.
     """
     path = Path(root) / "splits.json"
     if not path.is_file():
@@ -110,14 +115,17 @@ def check_splits(root: Path, checks: list[TaskCheck]) -> list[str]:
     except json.JSONDecodeError as exc:
         return [f"{path}: invalid JSON: {exc}"]
     problems = []
-    train, test = set(splits.get("train", [])), set(splits.get("test", []))
+    lists = {s: set(splits.get(s, [])) for s in SPLIT_NAMES}
+    listed = set().union(*lists.values())
     meta = splits.get("tasks", {})
     names = {c.name for c in checks if c.loads}
-    for both in sorted(train & test):
-        problems.append(f"{path}: {both} is in both train and test")
-    for missing in sorted(names - train - test):
-        problems.append(f"{path}: task {missing} is in neither train nor test")
-    for extra in sorted((train | test | set(meta)) - names):
+    for i, a in enumerate(SPLIT_NAMES):
+        for b in SPLIT_NAMES[i + 1:]:
+            for both in sorted(lists[a] & lists[b]):
+                problems.append(f"{path}: {both} is in both {a} and {b}")
+    for missing in sorted(names - listed):
+        problems.append(f"{path}: task {missing} is in no split ({', '.join(SPLIT_NAMES)})")
+    for extra in sorted((listed | set(meta)) - names):
         problems.append(f"{path}: {extra} names no task folder that loads")
     for c in checks:
         if not c.loads or c.name not in names:

@@ -5,6 +5,9 @@
                                                              oracle and null agents through Harbor on the
                                                              local sandbox: rewards and wall times
     reterm tasks steps TASK                                  the reference solution as terminal commands
+    reterm tasks drills --out DIR --seed S --per-family N [--no-check] [--ood-families a,b]
+                                                             generate recovery drills (reterm.drills) and
+                                                             check each: oracle 1, null 0, first mistake 0
 
 PATH is a task folder or a folder of task folders (Harbor / Terminal-Bench 2.x, Terminal-Bench 1
 ``task.yaml``, generated tasks without solution; see ``reterm.tasks.loader``).
@@ -73,6 +76,44 @@ def _steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drills(args: argparse.Namespace) -> int:
+    from reterm.drills import DEFAULT_OOD_FAMILIES, generate_drills, summary_table
+    from reterm.trajectory import write_json_atomic
+
+    def names(text: str | None) -> list[str] | None:
+        return [n.strip() for n in text.split(",") if n.strip()] if text is not None else None
+
+    ood = names(args.ood_families)
+    try:
+        instances = generate_drills(args.out, args.seed, args.per_family, families=names(args.families),
+                                    ood_families=DEFAULT_OOD_FAMILIES if ood is None else ood,
+                                    test_fraction=args.test_fraction)  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        print(f"reterm tasks drills: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(instances)} drills and splits.json to {args.out}", file=sys.stderr)
+    print(summary_table(instances))
+    if args.no_check:
+        return 0
+    from reterm.drills.check import check_drills, checks_json
+
+    t0 = time.monotonic()
+    results = check_drills([i.path for i in instances], concurrency=args.n_concurrent, progress=not args.quiet)
+    wall = time.monotonic() - t0
+    report = checks_json(results, wall)
+    write_json_atomic(Path(args.out) / "drills-check.json", report)
+    bad = [r for r in results if not r.ok]
+    print(f"check: {report['n_ok']}/{len(results)} drills sound (oracle 1.0, null 0.0, first mistake 0.0 with its "
+          f"error shown) in {wall:.1f} s: {report['instances_per_s']:.2f} instances/s "
+          f"({Path(args.out) / 'drills-check.json'})")  # fmt: skip
+    disagree = sorted({(r.family, r.category, r.mistake_label) for r in results if r.ok and not r.label_agrees})
+    print(f"the rule classifier labels {report['n_label_agrees']}/{len(results)} first mistakes as their family's category"
+          + "".join(f"; {f}: {lab} (family: {c})" for f, c, lab in disagree))  # fmt: skip
+    for r in bad:
+        print(f"FAILED {r.name} (family {r.family}, seed {r.seed}, index {r.index}): {'; '.join(r.problems_found())}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``reterm tasks``; returns the exit status (1 when a task is invalid or fails)."""
     parser = argparse.ArgumentParser(prog="reterm tasks", description=__doc__,
@@ -94,6 +135,19 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("steps", help="print a task's reference solution split into terminal commands")
     p.add_argument("task")
     p.set_defaults(func=_steps)
+    p = sub.add_parser("drills", help="generate recovery drills (small learnable tasks) and check them")
+    p.add_argument("--out", required=True, help="output folder (one task folder per drill, plus splits.json)")
+    p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    p.add_argument("--per-family", type=int, default=20, help="instances per family (default 20)")
+    p.add_argument("--families", help="comma-separated families to generate (default: all)")
+    p.add_argument("--ood-families", help="comma-separated families held out whole as test_ood "
+                   "(default: cwd-relative,sqlite-schema; an empty string holds out none)")  # fmt: skip
+    p.add_argument("--test-fraction", type=float, default=0.25,
+                   help="share of each other family's instances held out as test (default 0.25)")  # fmt: skip
+    p.add_argument("--no-check", action="store_true", help="write only; skip the sandbox check")
+    p.add_argument("-n", "--n-concurrent", type=int, default=2, help="drills checked at a time (default 2)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_drills)
     args = parser.parse_args(argv)
     from reterm.tasks.loader import TaskLoadError
 

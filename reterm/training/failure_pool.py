@@ -5,7 +5,7 @@ the failing step (the group's prompt, in the training message format of :mod:`re
 the task, and the error category. The pool holds two kinds:
 
 - **seed states**, from the SFT dataset (ReTerm-10K records, :mod:`reterm.records`): the prefix
-  ``messages[:recovery_start]``; they are also the rows of the dataset TRL's sampler draws from;
+  ``messages[:train_from_message_index]``; they are also the rows of the dataset TRL's sampler draws from;
 - **online states**, localised (:func:`reterm.recovery.localise`, first consequential failure) in the
   *current policy's own* failed recovery attempts during training, and added every
   ``pool_refresh_steps`` steps (paper: the policy learns from its own failure states, online).
@@ -185,7 +185,7 @@ def seed_states_from_records(
 ) -> tuple[list[PoolState], Counter]:
     """Seed failure states from ReTerm-10K records (:data:`reterm.records.FEATURES` rows).
 
-    The state's prompt is ``messages[:recovery_start]`` (the failure prefix). Records are skipped, and
+    The state's prompt is ``messages[:train_from_message_index]`` (the failure prefix). Records are skipped, and
     counted by reason, when their task folder is not found (``unknown_task``), their task is excluded
     (``excluded_task``: the test split), or their prefix is not what the harness would show
     (``not_reproducible``, ``layout: ...``, ``no_failing_step``).
@@ -209,7 +209,7 @@ def seed_states_from_records(
             skipped["unknown_task"] += 1
             continue
         messages = chat_messages(record["messages"])
-        k = int(record["recovery_start"])
+        k = int(record["train_from_message_index"])
         prompt = messages[:k]
         sid = _state_id(task_id, prompt)
         if sid in seen:

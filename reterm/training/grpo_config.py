@@ -84,6 +84,10 @@ class ReTermGRPOConfig(GRPOConfig):
             Resampling rounds per step with `dynamic_sampling="resample"`.
         save_rollouts (`bool`, *optional*, defaults to `True`):
             Write every attempt's trajectory (JSON lines, one file per step) to `output_dir/rollouts/`.
+        kv_cache (`bool`, *optional*, defaults to `True`):
+            Transformers generation (not vLLM, which caches prefixes itself): keep each attempt's key/value states
+            between its turns, so a turn reads only the new observation tokens
+            (:class:`reterm.policies.kv_cache.PrefixKVCache`; cleared at every rollout, after the weights change).
     """
 
     mode: str = field(default="reterm", metadata={"help": "reterm (groups at failure states) or standard (task start)."})
@@ -116,6 +120,7 @@ class ReTermGRPOConfig(GRPOConfig):
     dynamic_sampling: str = field(default="none", metadata={"help": "none, skip or resample zero-variance groups."})
     dynamic_sampling_max_rounds: int = field(default=2, metadata={"help": "Resampling rounds per step."})
     save_rollouts: bool = field(default=True, metadata={"help": "Write attempts' trajectories to output_dir/rollouts."})
+    kv_cache: bool = field(default=True, metadata={"help": "Transformers generation: reuse key/value states across turns."})
 
     def __post_init__(self):
         super().__post_init__()

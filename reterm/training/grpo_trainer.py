@@ -12,7 +12,10 @@ is TRL's):
   TRL's own tool loop (sequential rollouts, NOTES.md) is not used.
 - **Generation** goes through TRL's own backend (``GRPOTrainer._generate_single_turn``: transformers, or
   vLLM when ``use_vllm``) with the turn's token budget, from the token ids the model produced so far
-  (:class:`reterm.training.grpo_policy.TokenTrajectoryPolicy`).
+  (:class:`reterm.training.grpo_policy.TokenTrajectoryPolicy`). With transformers generation and ``kv_cache``
+  (default), the model is driven with TRL's generation config directly and every attempt's key/value states
+  are kept between its turns (:class:`reterm.policies.kv_cache.PrefixKVCache`), so a turn reads only the new
+  observation tokens; the states are dropped at every rollout (the weights changed).
 - **Rewards.** The verifier's reward (0/1). Infrastructure faults and dropped groups (a replay that
   diverged) return ``None``: TRL turns ``None`` into NaN, leaves those attempts out of the group's mean
   and std and sets their advantage to 0 (TRL 1.16 ``_generate_and_score_completions``); their
@@ -141,6 +144,9 @@ class ReTermGRPOTrainer(GRPOTrainer):
             max_completion_tokens=args.max_completion_length, max_context=int(positions),
             eos_token_ids=self.eos_token_ids, name=f"grpo:{Path(str(args.output_dir)).name}",
         )  # fmt: skip
+        from reterm.policies.kv_cache import PrefixKVCache
+
+        self.kv_cache = PrefixKVCache(enabled=self._kv_reuse_possible(args))
         self.snapshots = SnapshotCache(args.snapshot_cache_size)
         self.engine = RolloutEngine(
             RolloutSettings(max_turns=args.max_turns, command_timeout_s=args.command_timeout_s,
@@ -182,6 +188,14 @@ class ReTermGRPOTrainer(GRPOTrainer):
             )
 
     # --------------------------------------------------------------------------- generation
+    def _kv_reuse_possible(self, args: ReTermGRPOConfig) -> bool:
+        """Whether rollouts generate through :attr:`kv_cache` (transformers generation of a whole model on this
+        process, default cache) rather than TRL's ``_generate_single_turn``."""
+        zero3 = self.is_deepspeed_enabled and getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
+        return bool(args.kv_cache) and not (self.use_vllm or getattr(args, "use_transformers_paged", False)
+                                            or getattr(args, "cache_implementation", None) or zero3
+                                            or self.is_fsdp_enabled)  # fmt: skip
+
     @contextlib.contextmanager
     def _turn_budget(self, max_new_tokens: int):
         """Temporarily set TRL's generation length to one turn's budget."""
@@ -205,6 +219,8 @@ class ReTermGRPOTrainer(GRPOTrainer):
     def _generate_tokens(self, requests: list[GenerationRequest], max_new_tokens: int):
         """:data:`GenerateFn` over TRL's generation backend (``_generate_single_turn``: transformers or vLLM)."""
         prompt_ids = [r.token_ids for r in requests]
+        if self.kv_cache.enabled:
+            return self._generate_cached(prompt_ids, max_new_tokens)
         with self._turn_budget(max_new_tokens):
             completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, num_generations=1)
         out = []
@@ -212,6 +228,31 @@ class ReTermGRPOTrainer(GRPOTrainer):
             lps = None if logprobs is None else [float(x) for x in logprobs[k]]
             out.append(([int(t) for t in ids], lps))
         return out
+
+    def _generate_cached(self, prompt_ids: list[list[int]], max_new_tokens: int):
+        """TRL's transformers generation (same unwrapping, same generation config) through :attr:`kv_cache`;
+        ids after the first end-of-turn token are cut, as TRL does. No log-probabilities (as TRL's path)."""
+        import torch
+        from trl.models import unwrap_model_for_generation
+
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.kv_cache.advance()
+        with (
+            unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                        gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                        generation_kwargs=self.generation_kwargs,
+                                        gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model,
+            torch.no_grad(),
+        ):  # fmt: skip
+            out = self.kv_cache.generate(model, prompt_ids, max_new_tokens=max_new_tokens,
+                                         stop_token_ids=list(self.eos_token_ids), pad_token_id=pad,
+                                         generation_kwargs={"generation_config": self.generation_config})  # fmt: skip
+        stops = set(self.eos_token_ids)
+        results = []
+        for seq in out.new_ids.tolist():
+            end = next((k for k, t in enumerate(seq) if t in stops), None)
+            results.append((seq if end is None else seq[: end + 1], None))
+        return results
 
     def _rollout_func(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         """TRL's ``rollout_func``: returns what :meth:`_generate_and_score_completions` prepared."""
@@ -268,10 +309,14 @@ class ReTermGRPOTrainer(GRPOTrainer):
         if self.use_vllm and step != self._last_loaded_step:  # every rank, before its own loop (collective)
             self.vllm_generation.sync_weights()
             self._last_loaded_step = step
+        self.kv_cache.clear()  # states computed with the weights before the last optimiser step
         states = self.pool.choose([x["state_id"] for x in inputs], step, self.accelerator.process_index, group_size)
         groups = self._local_groups(states, group_size)
         t0 = time.monotonic()
-        results, resampled = asyncio.run(self._rollouts(groups, step))
+        try:
+            results, resampled = asyncio.run(self._rollouts(groups, step))
+        finally:
+            self.kv_cache.clear()
         rollout_s = time.monotonic() - t0
         self._retire(results)
 

@@ -1,6 +1,6 @@
 """Held-out check: how likely a model finds the reference recoveries, given the failure states.
 
-For each held-out ReTerm-10K record the model reads the failure state (``messages[:recovery_start]``,
+For each held-out ReTerm-10K record the model reads the failure state (``messages[:train_from_message_index]``,
 rendered with tools by the chat template) and is scored on the reference recovery's assistant tokens,
 exactly the tokens SFT trains on (:func:`tokenize_for_loss` reproduces TRL ``SFTTrainer``'s
 prompt/completion tokenisation with ``assistant_only_loss``; ``tests/test_sft_data.py`` checks that they

@@ -5,8 +5,8 @@ task, the agent's own steps up to and including the failing step's observation) 
 recovery. SFT (paper: the cold start before ReTerm-GRPO) learns the recovery *given* the failure state,
 so each record becomes::
 
-    prompt     = messages[:recovery_start]   # ends with the failing step's observation
-    completion = messages[recovery_start:]   # recovery: assistant turns and their tool observations
+    prompt     = messages[:train_from_message_index]   # ends with the failing step's observation
+    completion = messages[train_from_message_index:]   # recovery: assistant turns and their tool observations
     tools      = the record's tool schemas (JSON), rendered by the chat template exactly as at inference
 
 With TRL's ``SFTConfig(assistant_only_loss=True)`` and ``completion_only_loss=True`` the loss covers only
@@ -27,9 +27,13 @@ from typing import Any
 
 from datasets import Dataset, Features, Json, List, Value, load_dataset
 
+from reterm.agent.protocol import TOOLS
 from reterm.records import chat_messages
 
-REQUIRED_COLUMNS = ("messages", "recovery_start", "tools")
+REQUIRED_COLUMNS = ("messages", "train_from_message_index")
+"""What SFT needs of a dataset. The release (``twothsnd/ReTerm-10K``) has only its six columns
+(:data:`reterm.records.RELEASE_COLUMNS`); a dataset without ``tools`` is rendered with the kit's tool schemas
+(:data:`reterm.agent.protocol.TOOLS`), the release's one ``bash`` tool being the kit's first."""
 
 SFT_FEATURES = Features(
     {
@@ -53,12 +57,14 @@ def load_records(dataset_name: str, split: str, config: str | None = None) -> Da
 
     Raises:
         ValueError: the split does not exist (the message lists the splits there are) or a required
-            column (``messages``, ``recovery_start``, ``tools``) is missing.
+            column (``messages``, ``train_from_message_index``, ``tools``) is missing.
     """
     path = Path(dataset_name).expanduser()
-    source = str(path) if path.is_dir() else dataset_name
     try:
-        ds = load_dataset(source, config, split=split)
+        if path.is_file() and path.suffix in (".jsonl", ".json"):  # one JSON-lines file: its rows are `split`
+            ds = load_dataset("json", data_files={split: str(path)}, split=split)
+        else:
+            ds = load_dataset(str(path) if path.is_dir() else dataset_name, config, split=split)
     except ValueError as exc:
         if "split" in str(exc).lower():
             raise ValueError(f"{dataset_name}: no split {split!r} ({exc})") from exc
@@ -76,28 +82,30 @@ def record_to_prompt_completion(record: dict[str, Any]) -> dict[str, Any]:
     """Split one record at its failure state into a conversational prompt/completion row.
 
     Args:
-        record: a row with ``messages`` (:data:`reterm.records.MESSAGE` layout), ``recovery_start`` and
+        record: a row with ``messages`` (:data:`reterm.records.MESSAGE` layout), ``train_from_message_index`` and
             ``tools`` (JSON string); ``id``/``task_id`` are copied when present.
 
     Returns:
         ``{"id", "task_id", "prompt", "completion", "tools"}`` (see :data:`SFT_FEATURES`).
 
     Raises:
-        ValueError: naming the record id and the field when ``recovery_start`` does not point at an
+        ValueError: naming the record id and the field when ``train_from_message_index`` does not point at an
             assistant message after at least one user message, or ``tools`` is not a JSON list.
     """
     rid = record.get("id") or "?"
     messages = chat_messages(record["messages"])
-    k = record["recovery_start"]
+    k = record["train_from_message_index"]
     if not isinstance(k, int) or not 0 < k < len(messages):
-        raise ValueError(f"record {rid}: recovery_start={k!r} is outside 1..{len(messages) - 1} (messages)")
+        raise ValueError(f"record {rid}: train_from_message_index={k!r} is outside 1..{len(messages) - 1} (messages)")
     if messages[k]["role"] != "assistant":
         raise ValueError(
-            f"record {rid}: recovery_start={k} points at a {messages[k]['role']!r} message; "
+            f"record {rid}: train_from_message_index={k} points at a {messages[k]['role']!r} message; "
             "it must be the first assistant message of the recovery"
         )
     if not any(m["role"] == "user" for m in messages[:k]):
         raise ValueError(f"record {rid}: the prompt (messages[:{k}]) holds no user message (the task)")
+    if not record.get("tools"):
+        record = {**record, "tools": json.dumps(TOOLS, ensure_ascii=False)}
     try:
         tools = json.loads(record["tools"]) if record["tools"] else []
     except json.JSONDecodeError as exc:

@@ -1,0 +1,296 @@
+"""``python -m eval.drills --tasks DRILLS --model NAME=SPEC ... --output DIR``: models on the recovery drills,
+in the release's protocol, with 95% intervals.
+
+For each model (greedy decoding, the kit's one harness and prompt):
+
+- **Pass@1** on the held-out instances of the training families (``test``: in-distribution) and on the
+  held-out families (``test_ood``): one attempt per instance from the task's start.
+- **valid_tool_call_rate**: share of the model's generated turns (Pass@1 attempts) that parse into a tool call.
+- **Recovery@1 from injected failure states**: on every ``test`` and ``test_ood`` instance, the family's
+  natural first mistake is typed as a failed first attempt (built once, shared by all models); the model
+  makes the second attempt from a fork of the snapshot taken when that attempt ended, after the feedback
+  message (:mod:`reterm.recovery.attempts`). Same items for every model, so differences are paired.
+- **Recovery@k (k = 1..3) on the model's own failed attempts** (the paper's definition): up to k sequential
+  attempts, each inheriting the state the previous one left. **Fatal Attempt Rate**: share of those failed
+  attempts from which the task's reference solution, typed from a fork of the failure state, no longer
+  passes (an upper bound on recoverability: the solution may not be the only way); **Conditional
+  Recovery@k**: Recovery@k among the non-fatal ones.
+
+Every rate is ``{"value", "ci95", "n"}`` (Wilson, :mod:`reterm.stats`); every difference between two models
+on the same items is a paired bootstrap interval. Infrastructure faults are counted apart and leave the
+denominators. Results: ``DIR/results.json`` and ``DIR/report.md``; each model's attempts in
+``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.drills import first_mistake, read_splits
+from reterm.agent.episode import load_task
+from reterm.policies.scripted import OraclePolicy
+from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts, task_category
+from reterm.stats import paired_bootstrap, rate
+from reterm.trajectory import Outcome, write_json_atomic
+
+PAIRS = [("sft", "base"), ("grpo-standard", "sft"), ("grpo-reterm", "sft"), ("grpo-reterm", "grpo-standard")]
+"""(model, baseline) pairs whose paired differences the report gives, when both were evaluated."""
+
+
+def _say(msg: str) -> None:
+    print(f"[eval-drills] {msg}", flush=True)
+
+
+async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, states: list[Any] | None = None,
+                    snapshots: list[Any] | None = None, **kw: Any) -> list[Attempt]:  # fmt: skip
+    """:func:`run_attempts` over ``dirs`` (with their ``states``/``snapshots``) ``batch`` at a time."""
+    out: list[Attempt] = []
+    t0 = time.monotonic()
+    for i in range(0, len(dirs), batch):
+        sl = slice(i, i + batch)
+        out += await run_attempts(policy, dirs[sl], states=states[sl] if states is not None else None,
+                                  snapshots=snapshots[sl] if snapshots is not None else None, **kw)  # fmt: skip
+        _say(f"  {label}: {len(out)}/{len(dirs)} attempts, {time.monotonic() - t0:.0f}s")
+    return out
+
+
+def _scored(a: Attempt) -> bool:
+    return a.trajectory.outcome in (Outcome.SUCCESS, Outcome.FAILURE)
+
+
+def _turn_stats(attempts: list[Attempt]) -> tuple[int, int]:
+    """(turns generated, turns that parsed into a tool call) over the attempts' own steps."""
+    turns = valid = 0
+    for a in attempts:
+        for s in a.trajectory.steps[a.trajectory.prefix_len :]:
+            turns += 1
+            valid += int(s.action is not None)
+    return turns, valid
+
+
+async def _injected_states(dirs: list[Path], batch: int) -> tuple[list[Attempt], list[Any], list[bool]]:
+    """The injected failed first attempts of ``dirs`` (snapshots kept), their states, and whether the
+    reference solution still passes from each (recoverable)."""
+    mistakes = OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
+    firsts = await _attempts(mistakes, dirs, batch, "injected first attempts", max_turns=2, keep_failed_snapshots=True)
+    failed = [a for a in firsts if a.failed]
+    release([a for a in firsts if not a.failed])
+    states = [attempt_end_state(a) for a in failed]
+    oracle = OraclePolicy(dirs, name="oracle")
+    checks = await run_attempts(oracle, [a.task_dir for a in failed], states=states,
+                                snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
+    return failed, states, [c.trajectory.outcome is Outcome.SUCCESS for c in checks]
+
+
+def _per_category(items: list[tuple[str, bool]]) -> dict[str, Any]:
+    by: dict[str, list[bool]] = defaultdict(list)
+    for cat, ok in items:
+        by[cat].append(ok)
+    return {c: rate(v) for c, v in sorted(by.items())}
+
+
+async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: list[Path],
+                         injected: tuple[list[Attempt], list[Any], list[bool]], out: Path, *,
+                         max_turns: int, batch: int, own_items: int, k_max: int) -> dict[str, Any]:  # fmt: skip
+    """One model's metrics (see the module docstring); writes ``out/<name>/attempts.jsonl``."""
+    t0 = time.monotonic()
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    kw = dict(max_turns=max_turns, max_consecutive_parse_errors=2)
+    res: dict[str, Any] = {"model": name}
+    own_failed: list[Attempt] = []
+    per_item: dict[str, dict[str, float | None]] = {}
+    for split, dirs in (("drills_id", id_dirs), ("drills_ood", ood_dirs)):
+        atts = await _attempts(policy, dirs, batch, f"{name} pass@1 {split}", keep_failed_snapshots=True, **kw)
+        scored = [a for a in atts if _scored(a)]
+        res.setdefault("pass_at_1", {})[split] = rate([a.trajectory.passed for a in scored])
+        res.setdefault("infra_faults", {})[split] = len(atts) - len(scored)
+        per_item[f"pass_at_1/{split}"] = {a.task_dir.name: (float(a.trajectory.passed) if _scored(a) else None)
+                                          for a in atts}  # fmt: skip
+        turns, valid = _turn_stats(atts)
+        res.setdefault("turns", {})[split] = {"turns": turns, "valid_tool_calls": valid}
+        lines += [json.dumps({"split": split, "kind": "pass_at_1", **a.trajectory.model_dump(mode="json")}) for a in atts]
+        keep = [a for a in atts if a.failed][: max(0, own_items - len(own_failed))]
+        release([a for a in atts if a not in keep])
+        own_failed += keep
+    t_turns = sum(v["turns"] for v in res["turns"].values())
+    t_valid = sum(v["valid_tool_calls"] for v in res["turns"].values())
+    res["valid_tool_call_rate"] = rate([True] * t_valid + [False] * (t_turns - t_valid))
+
+    # Recovery@1 from the shared injected failure states
+    failed, states, recoverable = injected
+    recs = await _attempts(policy, [a.task_dir for a in failed], batch, f"{name} recovery@1 (injected)", states=states,
+                           snapshots=[a.snapshot for a in failed], **kw)  # fmt: skip
+    split_of = {d.name: "drills_id" for d in id_dirs} | {d.name: "drills_ood" for d in ood_dirs}
+    res["recovery_at_1"] = {}
+    for split in ("drills_id", "drills_ood"):
+        items = [r for r in recs if split_of[r.task_dir.name] == split and _scored(r)]
+        res["recovery_at_1"][split] = rate([r.trajectory.passed for r in items])
+        per_item[f"recovery_at_1/{split}"] = {r.task_dir.name: float(r.trajectory.passed) for r in items}
+    res["recovery_at_1_by_category"] = _per_category(
+        [(s.category, r.trajectory.passed) for s, r in zip(states, recs) if _scored(r)])
+    lines += [json.dumps({"kind": "recovery_injected", "category": s.category, **r.trajectory.model_dump(mode="json")})
+              for s, r in zip(states, recs)]  # fmt: skip
+    release(recs)
+
+    # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
+    own_states = [attempt_end_state(a) for a in own_failed]
+    cats = [s.category for s in own_states]
+    oracle = OraclePolicy([a.task_dir for a in own_failed] or id_dirs[:1], name="oracle")
+    fatal_checks = await run_attempts(oracle, [a.task_dir for a in own_failed], states=own_states,
+                                      snapshots=[a.snapshot for a in own_failed], max_turns=8) if own_failed else []
+    fatal = [not c.trajectory.passed if _scored(c) else None for c in fatal_checks]
+    recovered_at: list[int | None] = [None] * len(own_failed)  # the k at which each item recovered
+    current = list(own_failed)
+    alive = list(range(len(own_failed)))
+    for k in range(1, k_max + 1):
+        if not alive:
+            break
+        sts = [attempt_end_state(current[i]) for i in alive]
+        nxt = await _attempts(policy, [current[i].task_dir for i in alive], batch, f"{name} own Recovery@{k}",
+                              states=sts, snapshots=[current[i].snapshot for i in alive], keep_failed_snapshots=True,
+                              **kw)  # fmt: skip
+        release([current[i] for i in alive])
+        still = []
+        for i, a in zip(alive, nxt):
+            lines.append(json.dumps({"kind": f"recovery_own_k{k}", **a.trajectory.model_dump(mode="json")}))
+            current[i] = a
+            if a.trajectory.passed:
+                recovered_at[i] = k
+            elif a.failed:
+                still.append(i)
+        alive = still
+        _say(f"  {name} own failures: Recovery@{k} {sum(r is not None for r in recovered_at)}/{len(own_failed)}")
+    release([current[i] for i in alive])
+    res["recovery_own"] = {"n_failed_attempts": len(own_failed)}
+    for k in range(1, k_max + 1):
+        ok = [r is not None and r <= k for r in recovered_at]
+        res["recovery_own"][f"recovery_at_{k}"] = rate(ok)
+        res["recovery_own"][f"conditional_recovery_at_{k}"] = rate([o for o, f in zip(ok, fatal) if f is False])
+        res["recovery_own"][f"recovery_at_{k}_by_category"] = _per_category(list(zip(cats, ok)))
+    res["recovery_own"]["fatal_attempt_rate"] = rate([f for f in fatal if f is not None])
+    res["injected_states"] = {"n": len(states), "recoverable_by_reference": sum(recoverable)}
+    res["wall_s"] = round(time.monotonic() - t0, 1)
+    (folder / "attempts.jsonl").write_text("\n".join(lines) + "\n")
+    write_json_atomic(folder / "per_item.json", per_item)
+    write_json_atomic(folder / "metrics.json", res)
+    return res
+
+
+def compare(out: Path, names: list[str]) -> dict[str, Any]:
+    """Paired bootstrap differences for :data:`PAIRS` over the items both models scored."""
+    per = {n: json.loads((out / n / "per_item.json").read_text()) for n in names if (out / n / "per_item.json").exists()}
+    diffs: dict[str, Any] = {}
+    for model, base in PAIRS:
+        if model not in per or base not in per:
+            continue
+        for key in per[model]:
+            a, b = per[base].get(key, {}), per[model][key]
+            common = sorted(t for t in b if t in a and a[t] is not None and b[t] is not None)
+            diffs.setdefault(f"{model} - {base}", {})[key] = paired_bootstrap([a[t] for t in common],
+                                                                              [b[t] for t in common])
+    return diffs
+
+
+def _fmt(r: dict[str, Any] | None) -> str:
+    if not r or r.get("value") is None:
+        return "n/a"
+    return f"{r['value']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (n={r['n']})"
+
+
+def report(results: dict[str, Any]) -> str:
+    """``report.md``: the metrics table, the paired differences in words, and the definitions."""
+    lines = ["# Recovery drills: evaluation", "",
+             "Greedy decoding, the kit's harness and prompt. Rates: value [Wilson 95% interval] (n items).", "",
+             "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID (injected) | Recovery@1 OOD (injected) | "
+             "valid tool calls | own Recovery@1 | Fatal Attempt Rate |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, m in results["models"].items():
+        own = m["recovery_own"]
+        lines.append(f"| {name} | {_fmt(m['pass_at_1']['drills_id'])} | {_fmt(m['pass_at_1']['drills_ood'])} | "
+                     f"{_fmt(m['recovery_at_1']['drills_id'])} | {_fmt(m['recovery_at_1']['drills_ood'])} | "
+                     f"{_fmt(m['valid_tool_call_rate'])} | {_fmt(own.get('recovery_at_1'))} | "
+                     f"{_fmt(own.get('fatal_attempt_rate'))} |")  # fmt: skip
+    lines += ["", "## Paired differences (model - baseline, same items; bootstrap 95% interval)", ""]
+    for pair, per in results.get("differences", {}).items():
+        for key, d in per.items():
+            if d["diff"] is None:
+                continue
+            verdict = ("better" if d["diff"] > 0 else "worse") if d["excludes_zero"] else "no difference shown (interval includes 0)"
+            lines.append(f"- {pair}, {key}: {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
+                         f"(n={d['n']}): {verdict}")  # fmt: skip
+    lines += ["", "## Definitions", "", __doc__.split("\n\n", 1)[1].split("Every rate")[0].strip()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", required=True, type=Path)
+    p.add_argument("--model", action="append", required=True, metavar="NAME=SPEC",
+                   help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order)")
+    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32, help="attempts generated together")
+    p.add_argument("--max-id", type=int, default=None, help="at most N in-distribution test instances")
+    p.add_argument("--max-ood", type=int, default=None)
+    p.add_argument("--own-items", type=int, default=32, help="own failed attempts followed for Recovery@k")
+    p.add_argument("--k-max", type=int, default=3)
+    a = p.parse_args(argv)
+    models: dict[str, str] = {}
+    for m in a.model:
+        name, sep, spec = m.partition("=")
+        if not sep or not name or not spec:
+            print(f"eval.drills: --model {m!r}: expected NAME=SPEC", file=sys.stderr)
+            return 2
+        models[name] = spec
+    try:
+        splits = read_splits(a.tasks)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"eval.drills: {exc}", file=sys.stderr)
+        return 2
+    id_dirs = [a.tasks / n for n in splits.get("test", [])][: a.max_id]
+    ood_dirs = [a.tasks / n for n in splits.get("test_ood", [])][: a.max_ood]
+    a.output.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    _say(f"{len(id_dirs)} in-distribution and {len(ood_dirs)} out-of-distribution instances, models {list(models)}")
+    from reterm.policies import load_policy
+
+    todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
+    injected = asyncio.run(_injected_states(id_dirs + ood_dirs, a.batch)) if todo else ([], [], [])
+    try:
+        for name in todo:
+            _say(f"model {name} = {models[name]}")
+            policy = load_policy(models[name], temperature=0.0, max_new_tokens=a.max_new_tokens, seed=0)
+            m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
+                                           max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
+                                           k_max=a.k_max))  # fmt: skip
+            _say(f"{name}: Pass@1 ID {_fmt(m['pass_at_1']['drills_id'])}, Recovery@1 ID "
+                 f"{_fmt(m['recovery_at_1']['drills_id'])}, {m['wall_s']:.0f}s")  # fmt: skip
+            del policy
+            gc.collect()
+    finally:
+        release(injected[0])
+    results = {"models": {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models},
+               "differences": compare(a.output, list(models)),
+               "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs)},
+               "settings": {"max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "decoding": "greedy",
+                            "own_items": a.own_items, "k_max": a.k_max},
+               "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+    write_json_atomic(a.output / "results.json", results)
+    (a.output / "report.md").write_text(report(results))
+    _say(f"done in {time.monotonic() - t0:.0f}s: {a.output / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""``python -m pipeline.drills --tasks DRILLS --output DIR``: a recovery dataset from the recovery drills, in
+the release's protocol (attempt-level failure states, ``target_attempt_index = 2``).
+
+Failure states come from two sources, both on the drills' ``train`` split (``DRILLS/splits.json``):
+
+- **own**: the policy's own attempts (``--policy``, default the embedded SmolLM2; after the SFT cold start,
+  the SFT checkpoint: the paper's self-improvement loop). Failed attempts are snapshotted before the
+  verifier runs (:mod:`reterm.recovery.attempts`).
+- **injected**: the drill family's natural first mistake (``[metadata] first_mistake`` of each task), typed
+  as a first attempt that then submits.
+
+From each failure state the teacher (the offline oracle: the task's reference solution, typed from the
+state the failed attempt left behind) makes a recovery attempt after the feedback message; the task's
+verifier keeps the ones that pass. Records carry the release's six columns first
+(:func:`reterm.records.release_columns`), then the kit's metadata. Records of a few train instances form the
+``test`` split (SFT's held-out likelihood check); the drills' own ``test``/``test_ood`` instances are never
+used here (they are the evaluation's).
+
+Resuming: each finished batch is appended to ``DIR/.drills/journal.jsonl``; a re-run skips what is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from reterm.agent.episode import load_task
+from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.policies.scripted import OraclePolicy
+from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
+from reterm.records import release_columns
+from reterm.trajectory import Outcome
+
+
+def read_splits(tasks: Path) -> dict[str, list[str]]:
+    """``tasks/splits.json`` as split -> task folder names.
+
+    Raises:
+        FileNotFoundError / ValueError: naming the file when it is missing or has no ``train`` list.
+    """
+    path = tasks / "splits.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no splits.json (make drills with `reterm tasks drills --out {tasks}`)")
+    splits = json.loads(path.read_text())
+    if not isinstance(splits.get("train"), list):
+        raise ValueError(f"{path}: field 'train' must be a list of task folder names")
+    return splits
+
+
+def first_mistake(task_dir: Path) -> str:
+    """The drill's natural wrong first command (``[metadata] first_mistake``).
+
+    Raises:
+        ValueError: naming the task.toml when the field is missing or empty.
+    """
+    meta = load_task(task_dir).config.metadata or {}
+    cmd = meta.get("first_mistake")
+    if not isinstance(cmd, str) or not cmd.strip():
+        raise ValueError(f"{task_dir / 'task.toml'}: [metadata] first_mistake is missing")
+    return cmd
+
+
+def _row(attempt: Attempt, recovery: Attempt, source: str, policy: str, family: str) -> dict[str, Any]:
+    traj = recovery.trajectory
+    k = len(traj.to_messages(upto=traj.prefix_len))
+    row = release_columns(traj.task_id, traj.to_messages(), k, 2)
+    state = attempt.trajectory
+    first_fail = next((s for s in state.steps if s.action is not None and s.exit_status not in (0, None)), None)
+    row.update({
+        "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
+        "failure_step": len(state.steps) - 1, "failure_category": recovery.trajectory.metadata.get("failure_category", "other"),
+        "failure_source": source, "injection": "first_mistake" if source == "injected" else "",
+        "failure_command": (first_fail.command if first_fail else "") or "",
+        "failure_output": (first_fail.observation if first_fail else "") or "",
+        "replay_commands": [s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
+        "verifier_reward": float(traj.reward or 0.0), "attempts": 1, "successful_attempts": 1,
+        "recovery_turns": len(traj.steps) - traj.prefix_len, "source_policy": policy, "teacher": traj.policy,
+        "trajectory_id": hashlib.sha256(state.model_dump_json().encode()).hexdigest()[:16],
+        "prompt_version": PROMPT_VERSION, "family": family,
+    })  # fmt: skip
+    return row
+
+
+async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_turns: int) -> dict[str, Any]:
+    """First attempts on ``dirs``, then one teacher recovery from each failed one. Returns the journal entry."""
+    firsts = await run_attempts(policy, dirs, max_turns=max_turns, keep_failed_snapshots=True)
+    failed = [a for a in firsts if a.failed]
+    entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": source,
+                             "outcomes": Counter(a.trajectory.outcome.value for a in firsts), "records": []}
+    try:
+        states = [attempt_end_state(a) for a in failed]
+        recs = await run_attempts(teacher, [a.task_dir for a in failed], states=states,
+                                  snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
+    finally:
+        release(firsts)
+    entry["recovery_outcomes"] = Counter(r.trajectory.outcome.value for r in recs)
+    entry["states"] = [[st.category, r.trajectory.outcome.value] for st, r in zip(states, recs)]
+    for a, st, r in zip(failed, states, recs):
+        if r.trajectory.outcome is Outcome.SUCCESS:
+            r.trajectory.metadata["failure_category"] = st.category
+            family = str((load_task(a.task_dir).config.metadata or {}).get("family", ""))
+            entry["records"].append(_row(a, r, source, getattr(policy, "name", source), family))
+    return entry
+
+
+def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int, batch: int, held_out: float,
+          max_tasks: int | None = None, max_new_tokens: int = 48) -> dict[str, Any]:  # fmt: skip
+    """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content."""
+    from dataset_card.layout import write_dataset_folder
+
+    t0 = time.monotonic()
+    splits = read_splits(tasks)
+    dirs = [tasks / n for n in splits["train"]][:max_tasks]
+    journal_path = output / ".drills" / "journal.jsonl"
+    journal_path.parent.mkdir(parents=True, exist_ok=True)
+    done: list[dict[str, Any]] = []
+    if journal_path.exists():
+        done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
+    seen = {(e["source"], t) for e in done for t in e["tasks"]}
+    teacher = OraclePolicy(dirs, name="oracle-teacher")
+    injected = OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
+    work: list[tuple[str, Any]] = [("injected", injected)]
+    if policy_spec:
+        from reterm.policies import load_policy
+
+        work.append(("own", load_policy(policy_spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens,
+                                        seed=0)))  # fmt: skip
+    for source, pol in work:
+        todo = [d for d in dirs if (source, d.name) not in seen]
+        size = batch if source == "own" else 16
+        for i in range(0, len(todo), size):
+            chunk = todo[i : i + size]
+            entry = asyncio.run(_batch(pol, teacher, chunk, source, max_turns if source == "own" else 2))
+            with journal_path.open("a") as f:
+                f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            done.append(entry)
+            n = sum(len(e["records"]) for e in done)
+            print(f"[drills-data] {source}: {min(i + size, len(todo))}/{len(todo)} tasks, {n} records, "
+                  f"{time.monotonic() - t0:.0f}s", flush=True)  # fmt: skip
+    rows = [r for e in done for r in e["records"]]
+    uniq: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        uniq.setdefault(r["id"], r)
+    rows = sorted(uniq.values(), key=lambda r: r["id"])
+    # held-out test split: the records of a fixed share of train tasks (by a hash of the task id)
+    def held(task_id: str) -> bool:
+        return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < held_out
+
+    split_rows = {"train": [r for r in rows if not held(r["task_id"])], "test": [r for r in rows if held(r["task_id"])]}
+    if not split_rows["test"]:
+        split_rows["test"] = split_rows["train"][-1:]
+        split_rows["train"] = split_rows["train"][:-1]
+    by_cat = Counter(r["failure_category"] for r in rows)
+    per_cat: dict[str, Counter] = {}
+    for e in done:
+        for cat, outcome in e["states"]:
+            c = per_cat.setdefault(cat, Counter())
+            c["failure_states"] += 1
+            c["attempts"] += int(outcome in ("success", "failure"))
+            c["successful_attempts"] += int(outcome == "success")
+    episodes = sum(len(e["tasks"]) for e in done)
+    failed = sum(len(e["states"]) for e in done)
+    verified = sum(c["successful_attempts"] for c in per_cat.values())
+    infra = sum(v for e in done for k, v in e["outcomes"].items() if k not in ("success", "failure"))
+    stats = {
+        "name": "ReTerm-drills", "version": "0.2.0", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "license": "apache-2.0", "splits": {k: len(v) for k, v in split_rows.items()},
+        "categories": {c: {"failure_states": v["failure_states"], "attempts": v["attempts"],
+                           "successful_attempts": v["successful_attempts"], "records": by_cat.get(c, 0)}
+                       for c, v in sorted(per_cat.items())},
+        "failure_sources": dict(Counter(r["failure_source"] for r in rows)),
+        "rollouts": {"episodes": episodes, "failed": failed, "infra_faults": infra},
+        "attempts_per_state": 1,
+        "filters": {"verified_recoveries": verified, "quality": 0, "dedup": verified - len(rows),
+                    "decontamination": 0, "kept": len(rows)},
+        "decontamination": {"benchmarks": ["drills test/test_ood"],
+                            "method": "held-out drill instances and families are never rolled out for data"},
+        "sources": [{"name": "ReTerm recovery drills", "license": "Apache-2.0", "tasks": len(dirs), "records": len(rows)}],
+        "policy": policy_spec or "first-mistake", "teacher": "oracle-teacher",
+        "config": {"tasks": str(tasks), "max_turns": max_turns, "batch": batch, "held_out": held_out,
+                   "prompt_version": PROMPT_VERSION},
+    }  # fmt: skip
+    write_dataset_folder(output, split_rows, stats)
+    print(f"[drills-data] {len(rows)} records ({dict(by_cat)}), sources {stats['failure_sources']}, "
+          f"{time.monotonic() - t0:.0f}s -> {output}", flush=True)  # fmt: skip
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.drills", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", required=True, type=Path, help="a drills folder (reterm tasks drills --out ...)")
+    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--policy", default="smollm2", help="whose own failed attempts to mine ('' for injected only)")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--batch", type=int, default=16, help="attempts generated together")
+    p.add_argument("--held-out", type=float, default=0.08, help="share of train tasks whose records form `test`")
+    p.add_argument("--max-tasks", type=int, default=None)
+    a = p.parse_args(argv)
+    try:
+        build(a.tasks, a.output, policy_spec=a.policy or None, max_turns=a.max_turns, batch=a.batch,
+              held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"pipeline.drills: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""KV-cache reuse across the turns of a conversation, batched across conversations.
+
+An agent's turn ``t + 1`` is the prompt of turn ``t``, the reply the model generated and the observation
+that answered it. Re-reading the whole prompt (system prompt, tool schema, history) every turn costs most
+of a small model's time on a CPU; :class:`PrefixKVCache` keeps, per conversation, the key/value states of
+every token the model has already read (``prompt + generated[:-1]``: the last generated token is never fed
+back) and a turn feeds the model only the tokens that are new.
+
+How a batch reuses its caches (attention-only models, every cache layer a ``DynamicLayer``):
+
+- Each prompt ``p_i`` (``T_i`` tokens) is matched to the stored entry with the longest common token prefix
+  ``r_i`` (at most ``T_i - 1``: the last prompt token is always fed, it gives the first logits).
+- The batch is left-padded to ``W = max T_i`` as without reuse. With ``S = max(T_i - r_i)`` new columns, the
+  first ``C = W - S`` columns come from the caches: row ``i``'s first ``T_i - S`` tokens (``<= r_i``) are
+  copied in, right-aligned, padding columns are zero and masked. ``model.generate`` then reads only the last
+  ``S`` columns (``cache=...``: transformers' continuation from a filled cache). Rows whose cached prefix is
+  longer than needed recompute a few tokens; a row with no entry recomputes everything.
+- After generation each row's states are sliced out of the batch cache (``prompt + kept[:-1]``) and stored
+  under those token ids; the entries the call started from are dropped (the new ones hold their prefix).
+
+Models with recurrent state (Qwen3.5's linear-attention layers, sliding windows) cannot be cut back to a
+shorter prefix nor padded in the middle: there a cache is reused only when the call has one conversation
+and the stored tokens are an exact prefix of its prompt (the whole cache object is passed on); batches of
+several conversations are generated without reuse.
+
+Position ids come from the attention mask (transformers' ``generate``), so a row's positions are the same
+with and without reuse; under greedy decoding the tokens are the same (tested), up to float rounding of
+the different matrix shapes (no difference seen in float32).
+
+Memory stays bounded: entries are evicted least recently used first beyond ``max_bytes`` or
+``max_entries``, and an entry not used for ``max_idle_calls`` rounds (turns) is dropped (a finished
+conversation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Default bound on the bytes of cached key/value states (SmolLM2-135M: about 46 KB a token in float32).
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+@dataclass
+class _Entry:
+    tokens: list[int]
+    layers: list[tuple[Any, Any]] | None = None  # per layer (keys, values) of shape (heads, n, head_dim)
+    cache: Any = None  # a whole single-row Cache object (models with recurrent state)
+    nbytes: int = 0
+    last_used: int = 0
+
+
+@dataclass
+class CachedGeneration:
+    """What :meth:`PrefixKVCache.generate` returns.
+
+    ``new_ids``: ``(B, steps)`` generated ids per row (pad after a row's end-of-turn token);
+    ``logits``: ``steps`` tensors of ``(B, V)`` raw logits when asked for, else ``None``;
+    ``reused``: prompt tokens read from the cache per row; ``fed``: prompt tokens the model read per row.
+    """
+
+    new_ids: Any
+    logits: tuple[Any, ...] | None
+    reused: list[int] = field(default_factory=list)
+    fed: list[int] = field(default_factory=list)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PrefixKVCache:
+    """Per-conversation KV caches of one causal LM, keyed by the token ids they hold (see module doc).
+
+    Args:
+        enabled: ``False`` turns reuse off (every turn reads its whole prompt; the reference behaviour).
+        max_bytes: bound on the stored key/value bytes (least recently used entries go first).
+        max_entries: bound on the number of stored conversations.
+        max_idle_calls: an entry not used in this many consecutive rounds is dropped (a round: one
+            :meth:`advance`, called by a policy once per turn of its conversations).
+
+    The cache belongs to one model's weights: call :meth:`clear` after the weights change (a training step).
+    """
+
+    def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
+                 max_idle_calls: int = 4) -> None:  # fmt: skip
+        if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
+            raise ValueError(f"PrefixKVCache: max_bytes/max_entries must be >= 0 and max_idle_calls >= 1, got "
+                             f"{max_bytes}, {max_entries}, {max_idle_calls}")  # fmt: skip
+        self.enabled = enabled
+        self.max_bytes, self.max_entries, self.max_idle_calls = max_bytes, max_entries, max_idle_calls
+        self._entries: list[_Entry] = []
+        self._calls = 0
+        self.reused_tokens = 0  # prompt tokens read from a cache, all calls
+        self.fed_tokens = 0  # prompt tokens the model read, all calls
+
+    # ------------------------------------------------------------------------------- store
+    def advance(self) -> None:
+        """Start a new round (a policy's turn over its conversations; may span several :meth:`generate`
+        calls): entries unused for ``max_idle_calls`` rounds are dropped at the next store."""
+        self._calls += 1
+
+    def clear(self) -> None:
+        """Drop every entry (after a weight update, or to free memory)."""
+        self._entries = []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of key/value states held now."""
+        return sum(e.nbytes for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _best(self, prompt: list[int], exact: bool) -> tuple[_Entry | None, int]:
+        best, best_n = None, 0
+        for e in self._entries:
+            if exact:
+                n = len(e.tokens) if len(e.tokens) < len(prompt) and prompt[: len(e.tokens)] == e.tokens else 0
+            else:
+                n = min(_common_prefix(e.tokens, prompt), len(prompt) - 1)
+            if n > best_n:
+                best, best_n = e, n
+        return best, best_n
+
+    def _evict(self) -> None:
+        self._entries = [e for e in self._entries if self._calls - e.last_used < self.max_idle_calls]
+        self._entries.sort(key=lambda e: e.last_used, reverse=True)
+        total, kept = 0, []
+        for e in self._entries:
+            if len(kept) < self.max_entries and total + e.nbytes <= self.max_bytes:
+                kept.append(e)
+                total += e.nbytes
+        self._entries = kept
+
+    # -------------------------------------------------------------------------- generation
+    @staticmethod
+    def _sliceable(cache: Any) -> bool:
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(cache, "layers", None)
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    def generate(
+        self,
+        model: Any,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        stop_token_ids: list[int],
+        pad_token_id: int,
+        generation_kwargs: dict[str, Any] | None = None,
+        output_logits: bool = False,
+    ) -> CachedGeneration:
+        """Generate a continuation of each prompt as one left-padded batch, reusing stored states.
+
+        Args:
+            model: a transformers causal LM (``generate`` with a ``DynamicCache``).
+            prompts: ``B`` non-empty token id lists.
+            max_new_tokens: tokens generated per row at most.
+            stop_token_ids: ids that end a row (passed as ``eos_token_id``).
+            pad_token_id: id of padding (left) and of positions after a row's end.
+            generation_kwargs: further ``generate`` arguments (``do_sample``, ``temperature``,
+                ``generation_config``...).
+            output_logits: also return the raw logits of every step.
+
+        Returns:
+            :class:`CachedGeneration`.
+
+        Raises:
+            ValueError: an empty prompt.
+        """
+        import torch
+        from transformers import DynamicCache
+
+        if any(not p for p in prompts):
+            raise ValueError("PrefixKVCache.generate: empty prompt")
+        device = next(model.parameters()).device
+        B, W = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((B, W), pad_token_id, dtype=torch.long)
+        attention = torch.zeros((B, W), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, W - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[row, W - len(ids) :] = 1
+
+        sliceable = self._entries[0].layers is not None if self._entries else None
+        cache = None
+        used: list[_Entry] = []
+        reused = [0] * B
+        if self.enabled and self._entries:
+            if sliceable:
+                matches = [self._best(p, exact=False) for p in prompts]
+                S = max(len(p) - n for p, (_, n) in zip(prompts, matches))
+                C = W - S
+                if C > 0:
+                    cache = self._batch_cache(DynamicCache, model, prompts, matches, W, C, device)
+                    for row, (p, (e, n)) in enumerate(zip(prompts, matches)):
+                        reused[row] = max(0, len(p) - S)
+                        if e is not None and reused[row] > 0:
+                            used.append(e)
+            elif B == 1:
+                e, n = self._best(prompts[0], exact=True)
+                if e is not None:
+                    cache, reused[0] = e.cache, n
+                    used.append(e)
+                    self._entries.remove(e)  # generate extends the object in place
+
+        kwargs = dict(generation_kwargs or {})
+        kwargs.update(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
+                      return_dict_in_generate=True, output_logits=output_logits, use_cache=True)  # fmt: skip
+        if cache is not None:
+            kwargs["cache"] = cache
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs)
+        new = out.sequences[:, W:]
+        fed = [len(p) - r for p, r in zip(prompts, reused)]
+        self.reused_tokens += sum(reused)
+        self.fed_tokens += sum(fed)
+
+        if self.enabled:
+            for e in used:
+                if e in self._entries:
+                    self._entries.remove(e)
+            self._store(_output_cache(out), prompts, new,
+                        stop_token_ids, W)  # fmt: skip
+            self._evict()
+        return CachedGeneration(new_ids=new.cpu(), logits=tuple(out.logits) if output_logits else None,
+                                reused=reused, fed=fed)  # fmt: skip
+
+    def _batch_cache(self, cache_cls, model, prompts, matches, W, C, device):
+        import torch
+
+        ref = next(e for e, n in matches if e is not None)
+        layers = []
+        for li, (k_ref, v_ref) in enumerate(ref.layers):
+            H, _, Dk = k_ref.shape
+            Dv = v_ref.shape[-1]
+            keys = torch.zeros((len(prompts), H, C, Dk), dtype=k_ref.dtype, device=device)
+            values = torch.zeros((len(prompts), H, C, Dv), dtype=v_ref.dtype, device=device)
+            for row, (p, (e, n)) in enumerate(zip(prompts, matches)):
+                r = C - (W - len(p))  # this row's tokens inside the cached columns
+                if r > 0:
+                    assert e is not None and r <= n
+                    k, v = e.layers[li]
+                    keys[row, :, C - r :] = k[:, :r]
+                    values[row, :, C - r :] = v[:, :r]
+            layers.append((keys, values))
+        return cache_cls(ddp_cache_data=layers, config=model.config)
+
+    def _store(self, cache: Any, prompts: list[list[int]], new: Any, stop_token_ids: list[int], W: int) -> None:
+        if cache is None:
+            return
+        stops = set(stop_token_ids)
+        rows = new.tolist()
+        sliceable = self._sliceable(cache)
+        if not sliceable and len(prompts) != 1:
+            return
+        for row, p in enumerate(prompts):
+            seq = rows[row]
+            end = next((k for k, t in enumerate(seq) if t in stops), None)
+            kept = seq if end is None else seq[: end + 1]
+            tokens = list(p) + kept[:-1]
+            if sliceable:
+                start, stop = W - len(p), W + len(kept) - 1
+                layers, nbytes = [], 0
+                for layer in cache.layers:
+                    k = layer.keys[row, :, start:stop].clone()
+                    v = layer.values[row, :, start:stop].clone()
+                    layers.append((k, v))
+                    nbytes += k.numel() * k.element_size() + v.numel() * v.element_size()
+                entry = _Entry(tokens=tokens, layers=layers, nbytes=nbytes, last_used=self._calls)
+            else:
+                if len(kept) != len(seq):  # generation went on past the end of the row: states are not its own
+                    continue
+                nbytes = sum(t.numel() * t.element_size() for t in _tensors(cache))
+                entry = _Entry(tokens=tokens, cache=cache, nbytes=nbytes, last_used=self._calls)
+            if self._entries and (self._entries[0].layers is None) != (entry.layers is None):
+                self._entries = []
+            self._entries.append(entry)
+
+
+def _tensors(cache: Any):
+    """Every tensor a cache object holds (for its size)."""
+    import torch
+
+    for layer in getattr(cache, "layers", []):
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(value, dict):
+                yield from (t for t in value.values() if isinstance(t, torch.Tensor))
+
+
+def _output_cache(out: Any) -> Any:
+    """The cache object a ``generate`` output carries (``cache`` in newer transformers, else ``past_key_values``)."""
+    for name in ("cache", "past_key_values"):
+        if name in getattr(out, "keys", lambda: [])():
+            return out[name]
+    return getattr(out, "cache", None)

@@ -1,0 +1,201 @@
+"""Attempt-level failure states (the release's protocol): snapshot at the end of a failed attempt, recover
+from a fork of it.
+
+The authors' protocol (Recovery-Bench, ReTerm-10K's ``target_attempt_index = 2``): an attempt ends (the
+agent submits, or runs out of turns or parse errors); the sandbox's files are snapshotted **before** the
+verifier runs; the verifier then runs in the original sandbox. A failed attempt's snapshot is its failure
+state. A recovery attempt starts from a fork of that snapshot with the whole first attempt in its context and
+one feedback message (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`, versioned; it does not reveal the
+tests) carried by the attempt's last step (``step.extra["feedback"]``, rendered by
+:func:`reterm.agent.protocol.step_messages`).
+
+The failure state is one :class:`reterm.recovery.localise.FailureState` with ``level="attempt_end"``,
+``history`` = the whole attempt (feedback on its last step), ``snapshot_id`` = the local sandbox snapshot;
+its ``category`` is the localiser's (the first consequential failing step), or the task's declared category
+when the localiser finds no failing step (e.g. only parse errors).
+
+Used by the drills data builder (:mod:`pipeline.drills`), the drills evaluation (:mod:`eval.drills`) and the
+failure-state pool of ReTerm-GRPO. Runs on the local sandbox (:class:`reterm.sandbox.local.LocalEnvironment`),
+the only environment here that snapshots; elsewhere a state is rebuilt by replaying ``replay_commands``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
+from reterm.agent.protocol import FEEDBACK_MESSAGE
+from reterm.recovery.localise import FailureState, localise
+from reterm.recovery.taxonomy import parse_category
+from reterm.trajectory import Outcome, Step, Trajectory
+
+
+@dataclass
+class Attempt:
+    """One finished attempt.
+
+    Attributes:
+        task_dir: the task folder.
+        trajectory: the attempt (reward and outcome set by the verifier, or an infrastructure fault).
+        snapshot: the sandbox's files at the end of the attempt, before the verifier ran (a
+            :class:`reterm.sandbox.snapshots.Snapshot`), kept only for failed attempts when asked; the
+            caller releases it (:func:`release`).
+    """
+
+    task_dir: Path
+    trajectory: Trajectory
+    snapshot: Any = None
+
+    @property
+    def failed(self) -> bool:
+        """The verifier scored the attempt and it did not pass (infrastructure faults are not failures)."""
+        return self.trajectory.outcome is Outcome.FAILURE
+
+
+def task_category(task_dir: str | Path) -> str:
+    """The first of the task's declared ``[metadata] error_categories`` (``other`` when none)."""
+    task = load_task(Path(task_dir))
+    cats = list((task.config.metadata or {}).get("error_categories") or [])
+    return parse_category(cats[0]).value if cats else "other"
+
+
+def with_feedback(steps: Sequence[Step], feedback: str = FEEDBACK_MESSAGE) -> list[Step]:
+    """Copies of an attempt's steps, marked as history, the last one carrying ``feedback``.
+
+    Raises:
+        ValueError: ``steps`` is empty (an attempt that took no step has no failure state to recover from).
+    """
+    if not steps:
+        raise ValueError("an attempt without steps cannot be continued by a recovery attempt")
+    out = [s.model_copy(deep=True, update={"from_history": True}) for s in steps]
+    out[-1].extra["feedback"] = feedback
+    return out
+
+
+def attempt_end_state(attempt: Attempt) -> FailureState:
+    """The attempt-level :class:`FailureState` of a failed attempt (``level="attempt_end"``).
+
+    Raises:
+        ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step.
+    """
+    traj = attempt.trajectory
+    if not attempt.failed:
+        raise ValueError(f"task {traj.task_id}: attempt outcome {traj.outcome.value} is not a failure")
+    history = with_feedback(traj.steps)
+    primary = localise(traj).primary
+    category = primary.category if primary is not None else task_category(attempt.task_dir)
+    commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]
+    timeouts = [s.action.timeout for s in history if s.action is not None and s.action.tool == "bash"]
+    last = history[-1]
+    sid = hashlib.sha256("\x1f".join([traj.task_id, "attempt_end", category, *commands,
+                                      *(s.model_text for s in history)]).encode()).hexdigest()[:16]
+    return FailureState(
+        id=sid, task_id=traj.task_id, trajectory_id=str(traj.metadata.get("trajectory_id", "")),
+        step=len(history) - 1, category=category, confidence=primary.confidence if primary else 0.5,
+        source="localiser" if primary else "task", evidence=primary.evidence if primary else "",
+        command=primary.command if primary else last.command, output=primary.output if primary else last.observation,
+        exit_status=primary.exit_status if primary else last.exit_status,
+        history=history, history_len=len(history), replay_commands=commands, replay_timeouts=timeouts,
+        snapshot_id=attempt.snapshot.id if attempt.snapshot is not None else None,
+        trial_passed=False, primary=True, level="attempt_end",
+    )  # fmt: skip
+
+
+async def _start(task_dir: Path, snapshot: Any = None) -> Any:
+    from reterm.sandbox.local import LocalEnvironment
+
+    if snapshot is not None:
+        return (await LocalEnvironment.from_snapshot(snapshot, 1))[0]
+    env = LocalEnvironment.for_task(task_dir)
+    await env.start(force_build=False)
+    return env
+
+
+async def run_attempts(
+    policy: Any,
+    task_dirs: Sequence[str | Path],
+    *,
+    states: Sequence[FailureState | None] | None = None,
+    snapshots: Sequence[Any] | None = None,
+    max_turns: int = 4,
+    command_timeout_s: float = 15.0,
+    max_consecutive_parse_errors: int | None = 2,
+    keep_failed_snapshots: bool = False,
+    on_step: Any = None,
+) -> list[Attempt]:
+    """Run one attempt per task folder in lock-step (one ``policy.generate`` call per turn), then verify.
+
+    Each attempt starts in a fresh sandbox of its task, or, with ``states``/``snapshots``, as a recovery
+    attempt: in a fork of the snapshot with the state's history (the failed attempt plus feedback) as
+    context. At the end the sandbox is snapshotted when ``keep_failed_snapshots`` (before the verifier, so
+    the snapshot holds exactly the files the attempt left), then the task's verifier scores the attempt.
+    Snapshots of attempts that did not fail are released at once.
+
+    Args:
+        policy: a :class:`reterm.policies.base.Policy`.
+        task_dirs: one task folder per attempt.
+        states: per attempt, the failure state to recover from (``None``: start at the task's start).
+        snapshots: per attempt with a state, its snapshot (a ``Snapshot`` or its id/folder).
+        max_turns: turns generated per attempt.
+        command_timeout_s: a command's default timeout, seconds.
+        max_consecutive_parse_errors: an attempt stops after this many parse errors in a row.
+        keep_failed_snapshots: keep the end-of-attempt snapshot of failed attempts (their failure states).
+        on_step: passed to :func:`reterm.agent.episode.run_episodes`.
+
+    Returns:
+        One :class:`Attempt` per task folder, in order. Sandbox start faults become infrastructure-fault
+        trajectories (never failures); nothing raises for a fault of the policy or a sandbox.
+    """
+    n = len(task_dirs)
+    states = list(states) if states is not None else [None] * n
+    snapshots = list(snapshots) if snapshots is not None else [None] * n
+    if len(states) != n or len(snapshots) != n:
+        raise ValueError(f"run_attempts: {n} task folders but {len(states)} states and {len(snapshots)} snapshots")
+    dirs = [Path(d) for d in task_dirs]
+    started = await asyncio.gather(*(_start(d, s) for d, s in zip(dirs, snapshots)), return_exceptions=True)
+    live = [i for i, e in enumerate(started) if not isinstance(e, BaseException)]
+    results: list[Attempt | None] = [None] * n
+    for i, e in enumerate(started):
+        if isinstance(e, BaseException):  # the sandbox never started: not the agent's doing
+            task = load_task(dirs[i])
+            t = Trajectory(task_id=str(task.name), instruction=task.instruction, system_prompt="",
+                           outcome=Outcome.SANDBOX_ERROR, error=f"{type(e).__name__}: {e}"[:500])
+            results[i] = Attempt(dirs[i], t)
+    try:
+        specs = [EpisodeSpec(started[i], dirs[i], history=(states[i].history if states[i] is not None else None))
+                 for i in live]  # fmt: skip
+        trajs = await run_episodes(policy, specs, max_turns=max_turns, command_timeout_s=command_timeout_s,
+                                   max_consecutive_parse_errors=max_consecutive_parse_errors, verify=False,
+                                   on_step=on_step)  # fmt: skip
+
+        async def finish(i: int, traj: Trajectory) -> None:
+            env = started[i]
+            snap = None
+            if not traj.outcome.is_infra_fault:
+                if keep_failed_snapshots:
+                    snap = await env.snapshot()
+                with tempfile.TemporaryDirectory(prefix="reterm-verify-") as tmp:
+                    await run_verifier(env, dirs[i], traj, trial_dir=tmp)
+            if snap is not None and traj.outcome is not Outcome.FAILURE:
+                snap.release()
+                snap = None
+            results[i] = Attempt(dirs[i], traj, snap)
+
+        await asyncio.gather(*(finish(i, t) for i, t in zip(live, trajs)))
+    finally:
+        await asyncio.gather(*(started[i].stop(delete=True) for i in live), return_exceptions=True)
+    return [r for r in results if r is not None]
+
+
+def release(attempts: Sequence[Attempt]) -> None:
+    """Release the snapshots the attempts hold (their failure states can no longer be forked)."""
+    for a in attempts:
+        if a.snapshot is not None:
+            a.snapshot.release()
+            a.snapshot = None

@@ -1,0 +1,123 @@
+"""KV-cache reuse across turns: greedy tokens identical with and without reuse, on real models (the embedded
+SmolLM2 through the kit's TransformersPolicy, the tiny Qwen3.5 with its linear-attention layers), only the
+new tokens read per turn, and bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reterm.agent.protocol import TOOLS, initial_messages
+from reterm.policies.kv_cache import PrefixKVCache
+from reterm.policies.transformers_policy import TransformersPolicy
+from reterm.tiny_qwen import build_tiny_qwen3_5
+
+
+def _episode(policy: TransformersPolicy, turns: int) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """Greedy turns of three conversations of different lengths; returns the generated ids per turn and row,
+    and the prompt tokens read from the cache per turn and row."""
+    convs = [initial_messages("List the files."), initial_messages("Create /app/out.txt holding the word hello, then check it."),
+             initial_messages("Run the tests.")]  # fmt: skip
+    generated, cached = [], []
+    for turn in range(turns):
+        gens = policy.generate(convs, TOOLS)
+        generated.append([g.token_ids for g in gens])
+        cached.append([g.extra["cached_prompt_tokens"] for g in gens])
+        for i, g in enumerate(gens):
+            convs[i] = convs[i] + [{"role": "assistant", "content": g.text},
+                                   {"role": "user", "content": f"[exit status: {turn + i}] no such file: out{turn}.txt"}]  # fmt: skip
+    return generated, cached
+
+
+@pytest.fixture(scope="module")
+def smol() -> TransformersPolicy:
+    return TransformersPolicy("smollm2", temperature=0, max_new_tokens=12)
+
+
+def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
+    smol.kv_cache.enabled = False
+    smol.kv_cache.clear()
+    plain, plain_cached = _episode(smol, 4)
+    assert plain_cached == [[0, 0, 0]] * 4 and len(smol.kv_cache) == 0
+    smol.kv_cache.enabled = True
+    before = smol.kv_cache.reused_tokens, smol.kv_cache.fed_tokens
+    reused, cached = _episode(smol, 4)
+    assert reused == plain
+    assert cached[0] == [0, 0, 0]
+    # later turns read the system prompt, tool schema and history from the cache
+    assert all(c > 500 for row in cached[1:] for c in row), cached
+    assert len(smol.kv_cache) == 3 and smol.kv_cache.nbytes > 0
+    reused_tokens, fed_tokens = smol.kv_cache.reused_tokens - before[0], smol.kv_cache.fed_tokens - before[1]
+    assert reused_tokens > 2 * fed_tokens, (reused_tokens, fed_tokens)
+
+
+def test_smollm2_cache_is_bounded(smol):
+    smol.kv_cache.enabled = True
+    smol.kv_cache.clear()
+    old = smol.kv_cache.max_bytes
+    try:
+        smol.generate([initial_messages("one")], TOOLS)
+        one = smol.kv_cache.nbytes
+        smol.kv_cache.max_bytes = int(one * 2.5)
+        smol.generate([initial_messages(w) for w in ("two", "three", "four")], TOOLS)
+        assert len(smol.kv_cache) == 2 and smol.kv_cache.nbytes <= smol.kv_cache.max_bytes
+        for _ in range(smol.kv_cache.max_idle_calls):  # conversations not continued are dropped
+            smol.generate([initial_messages("five")], TOOLS)
+        assert len(smol.kv_cache) == 1
+    finally:
+        smol.kv_cache.max_bytes = old
+        smol.kv_cache.clear()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_qwen3_5()
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _token_turns(model, tok, kv: PrefixKVCache, rows: int, turns: int) -> tuple[list, list]:
+    """Turns of ``rows`` token-level conversations (each prompt = the last prompt + its kept reply + an
+    observation), as GRPO rollouts extend them."""
+    stops = [tok.convert_tokens_to_ids("<|im_end|>")]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
+    base = tok.apply_chat_template(initial_messages("List the files."), tools=TOOLS, add_generation_prompt=True,
+                                   tokenize=True, return_dict=False)  # fmt: skip
+    prompts = [list(base) + tok.encode(" row" * i) for i in range(rows)]
+    out, reused = [], []
+    for turn in range(turns):
+        kv.advance()
+        res = kv.generate(model, prompts, max_new_tokens=6, stop_token_ids=stops, pad_token_id=pad)
+        out.append(res.new_ids.tolist())
+        reused.append(res.reused)
+        for i, seq in enumerate(res.new_ids.tolist()):
+            end = next((k for k, t in enumerate(seq) if t in stops), None)
+            kept = seq if end is None else seq[: end + 1]
+            prompts[i] = prompts[i] + kept + tok.encode(f"<|im_end|>\n<|im_start|>user\nerror {turn} {i}<|im_end|>\n")
+    return out, reused
+
+
+def test_tiny_qwen_linear_attention_reuse_is_exact(tiny):
+    tok, model = tiny
+    plain, _ = _token_turns(model, tok, PrefixKVCache(enabled=False), rows=1, turns=4)
+    kv = PrefixKVCache()
+    cached, reused = _token_turns(model, tok, kv, rows=1, turns=4)
+    assert cached == plain
+    assert reused[0] == [0] and all(r[0] > 400 for r in reused[1:]), reused
+    # several conversations: recurrent states cannot be padded in the middle, so no reuse, same tokens
+    plain3, _ = _token_turns(model, tok, PrefixKVCache(enabled=False), rows=3, turns=3)
+    kv3 = PrefixKVCache()
+    cached3, reused3 = _token_turns(model, tok, kv3, rows=3, turns=3)
+    assert cached3 == plain3 and reused3 == [[0, 0, 0]] * 3 and len(kv3) == 0
+
+
+def test_smollm2_token_turns_reuse_batched(smol):
+    """Token-level extension as in GRPO rollouts (no re-rendering): every prompt token but the new ones
+    comes from the cache, rows batched."""
+    tok, model = smol.tokenizer, smol.model
+    plain, _ = _token_turns(model, tok, PrefixKVCache(enabled=False), rows=3, turns=3)
+    kv = PrefixKVCache()
+    cached, reused = _token_turns(model, tok, kv, rows=3, turns=3)
+    assert cached == plain
+    assert all(r > 0 for row in reused[1:] for r in row)
