@@ -366,7 +366,8 @@ def summarize(trials: list[TrialScore], incomplete: list[str] | None = None,
     Returns ``{"pass_at_1": {mean, stderr, n_trials, n_tasks}, "pass_at_k": {k: value},
     "per_task": {task: {n_trials, n_passed, pass_rate, n_infra_faults, n_agent_timeouts, categories,
     difficulty}}, "infra_faults": {n, by_outcome, by_exception, trials: [...]}, "agent_timeouts": n,
-    "broken_by_agent": n (agent failures: the agent broke its sandbox), "n_trials_total": n}``. ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
+    "broken_by_agent": n (agent failures: the agent broke its sandbox), "n_trials_total": n}``.
+    ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
     """
     counts = task_counts(trials)
     p1 = pass_at_1(counts)

@@ -80,7 +80,8 @@ def test_disk_fill_says_no_space_before_the_memory_limit_and_the_recovery_passes
     assert "No space left on device" in traj.steps[0].observation and traj.steps[0].exit_status == 0
     assert traj.steps[1].observation.startswith("freed") and "terminal_restarted" not in traj.steps[0].extra
     assert health.oom_events == 0 and health.memory_limit_bytes == DEFAULT_MEMORY_MB * 2**20
-    assert health.storage_limit_bytes < health.memory_limit_bytes and health.memory_peak_bytes < health.memory_limit_bytes
+    assert health.storage_limit_bytes < health.memory_limit_bytes
+    assert health.memory_peak_bytes < health.memory_limit_bytes
 
 
 def test_a_sandbox_ended_by_the_host_stays_an_infrastructure_fault():

@@ -237,7 +237,8 @@ async def verifier_paths_broken(environment: Any) -> str | None:
     if r.return_code == 0 and "__reterm_ok__" in (r.stdout or ""):
         return None
     said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
-    return f"the verifier's folder /logs/verifier cannot be made writable or no shell is left ({said or f'exit {r.return_code}'})"
+    said = said or f"exit {r.return_code}"
+    return f"the verifier's folder /logs/verifier cannot be made writable or no shell is left ({said})"
 
 
 def mark_broken(traj: Trajectory, why: str) -> None:
@@ -555,8 +556,9 @@ async def run_verifier(
     error outcome naming the file and the value; exceeding ``timeout_s`` (default the task's
     ``[verifier] timeout_sec``) -> a timeout. A fault where the agent left no usable sandbox or
     ``/logs`` (:func:`verifier_paths_broken`, :func:`blame_breakage`) is the agent's failure instead:
-    ``broken_by_agent`` is set and the trajectory scored 0 (:func:`mark_broken`). With ``trajectory``, :meth:`Trajectory.set_reward` records
-    the result (and the verifier's output tail goes to ``metadata["verifier_output_tail"]``).
+    ``broken_by_agent`` is set and the trajectory scored 0 (:func:`mark_broken`). With ``trajectory``,
+    :meth:`Trajectory.set_reward` records the result (and the verifier's output tail goes to
+    ``metadata["verifier_output_tail"]``).
 
     Args:
         environment: the started Harbor environment the agent worked in.

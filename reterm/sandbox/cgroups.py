@@ -148,10 +148,12 @@ class Cgroups:
              "pids_max_events"))  # fmt: skip
         if self.version == 1:
             mem, pids = self.dirs.get("memory"), self.dirs.get("pids")
-            files = {"memory_bytes": (mem, "memory.usage_in_bytes"), "memory_peak_bytes": (mem, "memory.max_usage_in_bytes"),
+            files = {"memory_bytes": (mem, "memory.usage_in_bytes"),
+                     "memory_peak_bytes": (mem, "memory.max_usage_in_bytes"),
                      "memory_limit_bytes": (mem, "memory.limit_in_bytes"), "pids": (pids, "pids.current"),
                      "pids_max": (pids, "pids.max")}  # fmt: skip
-            events = {"oom_events": (mem, "memory.oom_control", "oom_kill"), "pids_max_events": (pids, "pids.events", "max")}
+            events = {"oom_events": (mem, "memory.oom_control", "oom_kill"),
+                      "pids_max_events": (pids, "pids.events", "max")}  # fmt: skip
         else:
             d = self.dirs.get("unified")
             files = {"memory_bytes": (d, "memory.current"), "memory_peak_bytes": (d, "memory.peak"),
@@ -163,7 +165,8 @@ class Cgroups:
         for key, (folder, name, field_name) in events.items():
             if folder is not None and folder.is_dir():
                 # a refused fork is counted where it was tried: in the per-exec child cgroups too
-                counts = [_read_field(d / name, field_name) for d in (folder, *(p for p in folder.rglob("*") if p.is_dir()))]
+                subtree = (folder, *(p for p in folder.rglob("*") if p.is_dir()))
+                counts = [_read_field(d / name, field_name) for d in subtree]
                 known = [c for c in counts if c is not None]
                 out[key] = sum(known) if known else None
         return out
