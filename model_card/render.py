@@ -5,9 +5,13 @@ Inputs:
 - the checkpoint folder (``save_pretrained`` output: ``config.json`` + weights, or a PEFT adapter with
   ``adapter_config.json``); its parameter count is read from the safetensors headers;
 - the TRL recipe YAML(s), in stage order (SFT, then GRPO) (:func:`model_card.inputs.load_recipe`);
+- the checkpoint's training record (:func:`training_record`): ``training_summary.json`` and the recipe
+  ``recipe.yaml`` that ``train/sft.py``/``train/grpo.py`` write into their output folder (found in the
+  checkpoint folder or its parent, so ``RUN/sft/merged`` finds ``RUN/sft``), or the ``recipes/`` a
+  staged card folder holds. A card is only written for a folder with such a record: untrained weights
+  (no record, or a record of 0 steps) and recipes whose trainer contradicts the record are refused;
 - optionally the evaluation ``results.json`` (:class:`model_card.inputs.EvalResults`, written by
-  ``eval/``) and ``training_summary.json`` (written by ``train/sft.py`` next to the checkpoint or in its
-  parent; only ``base_model_hub_id`` is read from it).
+  ``eval/``).
 
 Output: a ``huggingface_hub.ModelCard`` with ``base_model``, ``base_model_relation`` (``adapter`` for a
 PEFT adapter, else ``finetune``), ``datasets``, ``library_name`` (``peft``/``transformers``),
@@ -21,7 +25,7 @@ card is returned.
 
 Command line::
 
-    python -m model_card.render CHECKPOINT --repo-id ORG/NAME --recipe sft.yaml [--recipe grpo.yaml] \\
+    python -m model_card.render CHECKPOINT --repo-id ORG/NAME [--recipe sft.yaml [--recipe grpo.yaml]] \\
         [--results eval/results.json] [--eval-name NAME] [--base-model ORG/BASE] [--dataset ORG/DATA] [--out PATH]
 """
 
@@ -32,6 +36,7 @@ import json
 import re
 import struct
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -97,34 +102,124 @@ def checkpoint_kind(folder: Path) -> str:
     )
 
 
-def _training_summary(folder: Path) -> dict[str, Any]:
-    for candidate in (folder / "training_summary.json", folder.parent / "training_summary.json"):
-        if candidate.is_file():
-            try:
-                data = json.loads(candidate.read_text())
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{candidate}: not valid JSON: {exc}") from None
-            return data if isinstance(data, dict) else {}
-    return {}
+@dataclass
+class TrainingRecord:
+    """What a checkpoint folder says about its own training.
+
+    Attributes:
+        summary_path: the ``training_summary.json`` found (in the folder or its parent).
+        summary: its contents (``base_model_hub_id``, ``method``, ``steps``, ``dataset``, ...).
+        trainer: ``"sft"`` or ``"grpo"``, read from the summary's ``method``.
+        recipes: the recipe files that travel with it, in stage order: ``recipe.yaml`` next to the
+            summary (train/sft.py, train/grpo.py) or ``recipes/*.yaml`` of a staged card folder.
+    """
+
+    summary_path: Path
+    summary: dict[str, Any]
+    trainer: str
+    recipes: list[Path]
 
 
-def resolve_base_model(folder: Path, recipes: list[Recipe], override: str | None) -> str:
-    """The Hub id of the base model (see the module docstring for the order); ``ValueError`` if none."""
+def _trainer_of(method: Any, where: Path) -> str:
+    text = str(method or "").lower()
+    if "grpo" in text:
+        return "grpo"
+    if "sft" in text:
+        return "sft"
+    raise ValueError(f"{where}: field 'method' is {method!r}; expected a method naming SFT or GRPO")
+
+
+def training_record(folder: str | Path) -> TrainingRecord | None:
+    """The training record of checkpoint ``folder`` (see :class:`TrainingRecord`), or ``None`` when
+    neither the folder nor its parent holds a ``training_summary.json``.
+
+    Raises:
+        ValueError: a summary that is not a JSON object, or whose ``method`` names neither SFT nor GRPO.
+    """
+    folder = Path(folder)
+    for where in (folder, folder.parent):
+        path = where / "training_summary.json"
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a training summary must be a JSON object")
+        recipes = sorted((where / "recipes").glob("*.yaml"))
+        if not recipes and (where / "recipe.yaml").is_file():
+            recipes = [where / "recipe.yaml"]
+        return TrainingRecord(path, data, _trainer_of(data.get("method"), path), recipes)
+    return None
+
+
+def check_training_record(folder: Path, record: TrainingRecord | None, recipes: list[Recipe]) -> None:
+    """Refuse a card its folder contradicts: no training record (untrained weights would be called a
+    trained checkpoint), a record of 0 training steps, or a last recipe whose trainer is not the one the
+    record names. Raises ``ValueError`` naming the folder and what is missing or contradicts."""
+    claimed = " then ".join(r.trainer.upper() for r in recipes) or "a training method"
+    if record is None:
+        raise ValueError(
+            f"{folder}: no training_summary.json in the folder or its parent, so nothing shows these weights "
+            f"were trained; the card would say 'trained with {claimed}'. Publish the output folder of "
+            "train/sft.py or train/grpo.py (or its merged/ checkpoint), which carries that record"
+        )
+    steps = record.summary.get("steps")
+    if isinstance(steps, int) and steps <= 0:
+        raise ValueError(f"{record.summary_path}: 'steps' is {steps}: these weights were not trained; "
+                         f"the card would say 'trained with {claimed}'")  # fmt: skip
+    if recipes and recipes[-1].trainer != record.trainer:
+        raise ValueError(
+            f"{recipes[-1].path} is a {recipes[-1].trainer.upper()} recipe, but {record.summary_path} records "
+            f"{record.summary.get('method')!r}: the last --recipe must be the stage that wrote this checkpoint"
+        )
+
+
+def _public_id(value: Any) -> str | None:
+    """``value`` as a Hub id: itself when it is one, the public checkpoint of a kit model name
+    (``smollm2``), else ``None``."""
+    from reterm.training.models import PUBLIC_BASES
+
+    if isinstance(value, str) and value in PUBLIC_BASES and is_hub_id(PUBLIC_BASES[value][0]):
+        return PUBLIC_BASES[value][0]
+    return value if is_hub_id(value) else None
+
+
+def resolve_base_model(folder: Path, recipes: list[Recipe], override: str | None,
+                       record: TrainingRecord | None = None) -> str:  # fmt: skip
+    """The Hub id of the base model: ``override``, else the training record's ``base_model_hub_id``
+    (authoritative when present: a record naming a base without a Hub id, such as a check run on the
+    tiny Qwen3.5, is an error rather than a guess from the recipe), else the first Hub id among the
+    adapter's ``base_model_name_or_path``, the model config's ``_name_or_path`` and the first recipe's
+    ``model_name_or_path`` (the kit's names such as ``smollm2`` count as their public checkpoint).
+    ``ValueError`` listing what was tried if none."""
     if override:
         if not is_hub_id(override):
             raise ValueError(f"--base-model {override!r} is not a Hub model id (ORG/NAME)")
         return override
-    candidates: list[tuple[str, Any]] = [("training_summary.json base_model_hub_id", _training_summary(folder).get("base_model_hub_id"))]
+    if record is None:
+        record = training_record(folder)
+    candidates: list[tuple[str, Any]] = []
+    if record is not None and record.summary.get("base_model_hub_id"):
+        value = record.summary["base_model_hub_id"]
+        if _public_id(value):
+            return _public_id(value)  # type: ignore[return-value]
+        raise ValueError(f"cannot tell the base model's Hub id ({record.summary_path} base_model_hub_id = "
+                         f"{value!r}, not a Hub id); pass --base-model ORG/NAME")  # fmt: skip
     adapter_cfg = folder / "adapter_config.json"
     if adapter_cfg.is_file():
         candidates.append(("adapter_config.json base_model_name_or_path",
                            json.loads(adapter_cfg.read_text()).get("base_model_name_or_path")))  # fmt: skip
+    if (folder / "config.json").is_file():
+        candidates.append(("config.json _name_or_path", _json_or_empty(folder / "config.json").get("_name_or_path")))
     if recipes:
         candidates.append((f"{recipes[0].path} model_name_or_path", recipes[0].params.get("model_name_or_path")))
     for _, value in candidates:
-        if is_hub_id(value):
-            return value
-    tried = "; ".join(f"{where} = {value!r}" for where, value in candidates)
+        hub = _public_id(value)
+        if hub:
+            return hub
+    tried = "; ".join(f"{where} = {value!r}" for where, value in candidates) or "no training record, config or recipe"
     raise ValueError(f"cannot tell the base model's Hub id ({tried}); pass --base-model ORG/NAME")
 
 
@@ -180,7 +275,7 @@ def eval_results(results: EvalResults, entry: ModelResult) -> list[EvalResult]:
 def render_model_card(
     folder: str | Path,
     repo_id: str,
-    recipes: list[str | Path],
+    recipes: list[str | Path] | None = None,
     results: str | Path | None = None,
     *,
     eval_name: str | None = None,
@@ -194,7 +289,7 @@ def render_model_card(
     Args:
         folder: the checkpoint (full weights or a PEFT adapter).
         repo_id: ``ORG/NAME`` on the Hub (usage snippets, citation, default model name).
-        recipes: TRL recipe YAMLs in stage order (at least one).
+        recipes: TRL recipe YAMLs in stage order; default: the ones the training record carries.
         results: ``results.json`` of the evaluation, or ``None`` (no results section, no model-index).
         eval_name: this model's ``name`` in ``results.json`` (needed when it holds several and none is
             named like the repo).
@@ -205,17 +300,23 @@ def render_model_card(
         model_name: display name (default: the repo name).
 
     Raises:
-        FileNotFoundError / ValueError: missing or malformed inputs, or invalid card metadata; the
-            message names the file or field.
+        FileNotFoundError / ValueError: missing or malformed inputs, a folder whose training record is
+            missing or contradicts the recipes (:func:`check_training_record`), or invalid card metadata;
+            the message names the file or field.
     """
     folder = Path(folder)
     if repo_id.count("/") != 1:
         raise ValueError(f"repo_id must be ORG/NAME, got {repo_id!r}")
-    if not recipes:
-        raise ValueError("at least one training recipe (--recipe) is needed for the model card")
     kind = checkpoint_kind(folder)
+    record = training_record(folder)
+    if not recipes and record is not None:
+        recipes = list(record.recipes)
+    if not recipes:
+        raise ValueError(f"{folder}: no training recipe travels with this checkpoint (recipe.yaml next to its "
+                         "training_summary.json); pass --recipe")  # fmt: skip
     stages = [load_recipe(r) for r in recipes]
-    base = resolve_base_model(folder, stages, base_model)
+    check_training_record(folder, record, stages)
+    base = resolve_base_model(folder, stages, base_model, record)
     ds_ids = list(datasets) if datasets else []
     if not ds_ids:
         ds_ids = [r.params["dataset_name"] for r in stages if is_hub_id(r.params.get("dataset_name"))]
@@ -224,6 +325,10 @@ def render_model_card(
     if bad:
         raise ValueError(f"datasets must be Hub ids (ORG/NAME): {bad}")
     name = model_name or repo_id.split("/")[1]
+    if results is None and (folder / "eval" / "results.json").is_file():  # a staged card folder
+        results = folder / "eval" / "results.json"
+    if eval_name is None and record is not None and isinstance(record.summary.get("eval_name"), str):
+        eval_name = record.summary["eval_name"]
     evals = load_results(results) if results is not None else None
     entry = pick_result(evals, repo_id, eval_name) if evals is not None else None
     methods = [r.trainer.upper() for r in stages]
@@ -280,6 +385,8 @@ def render_model_card(
         methods=methods,
         n_params=_human(count_parameters(folder)),
         stages=stages,
+        # a staged card folder names its recipes "N-TRAINER-NAME.yaml": the card shows NAME.yaml
+        recipe_names=[re.sub(r"^\d+-(sft|grpo)-", "", r.path.name) for r in stages],
         datasets_ids=ds_ids,
         evals=evals,
         entry=entry,
@@ -309,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_card.render", description="Render the model card.")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repo-id", required=True)
-    parser.add_argument("--recipe", action="append", required=True, type=Path)
+    parser.add_argument("--recipe", action="append", type=Path)
     parser.add_argument("--results", type=Path)
     parser.add_argument("--eval-name")
     parser.add_argument("--base-model")

@@ -112,8 +112,12 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
 
 
 def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int, batch: int, held_out: float,
-          max_tasks: int | None = None, max_new_tokens: int = 48) -> dict[str, Any]:  # fmt: skip
-    """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content."""
+          max_tasks: int | None = None, max_new_tokens: int = 48, own_tasks: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
+
+    ``own_tasks`` bounds the train instances the policy itself attempts (spread evenly over the list, so every
+    family is represented); injected first mistakes cover every train instance.
+    """
     from dataset_card.layout import write_dataset_folder
 
     t0 = time.monotonic()
@@ -133,8 +137,9 @@ def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int,
 
         work.append(("own", load_policy(policy_spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens,
                                         seed=0)))  # fmt: skip
+    own_dirs = dirs if not own_tasks else dirs[:: max(1, len(dirs) // own_tasks)][:own_tasks]
     for source, pol in work:
-        todo = [d for d in dirs if (source, d.name) not in seen]
+        todo = [d for d in (own_dirs if source == "own" else dirs) if (source, d.name) not in seen]
         size = batch if source == "own" else 16
         for i in range(0, len(todo), size):
             chunk = todo[i : i + size]
@@ -203,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--batch", type=int, default=16, help="attempts generated together")
     p.add_argument("--held-out", type=float, default=0.08, help="share of train tasks whose records form `test`")
-    p.add_argument("--max-tasks", type=int, default=None)
+    p.add_argument("--max-tasks", type=int, default=None, help="use only the first N train instances")
+    p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
     a = p.parse_args(argv)
     try:
         build(a.tasks, a.output, policy_spec=a.policy or None, max_turns=a.max_turns, batch=a.batch,
-              held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens)
+              held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
+              own_tasks=a.own_tasks)
     except (FileNotFoundError, ValueError) as exc:
         print(f"pipeline.drills: {exc}", file=sys.stderr)
         return 2

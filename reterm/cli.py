@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     # (measured: a 64-token SmolLM2 turn at load 8 on 2 cores, 70 s spinning vs 13 s passive); set before
     # torch loads, and only when the user has not chosen (tests/run.sh does the same)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # the kit prices no tokens: LiteLLM (imported with Harbor) then reads its bundled cost map instead of
+    # retrying a download for about 19 s when offline
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 

@@ -4,7 +4,7 @@ Usage::
 
     reterm publish dataset --repo-id ORG/ReTerm-10K --folder outputs/reterm10k [--private] [--dry-run]
     reterm publish model   --repo-id ORG/ReTerm-9B  --folder outputs/grpo/merged \\
-        --recipe train/recipes/qwen3.5-9b/sft.yaml --recipe train/recipes/qwen3.5-9b/grpo.yaml \\
+        [--recipe train/recipes/qwen3.5-9b/sft.yaml --recipe train/recipes/qwen3.5-9b/grpo.yaml] \\
         --results outputs/eval/results.json [--eval-name reterm-grpo] [--dataset ORG/ReTerm-10K] \\
         [--revision step-500]
     reterm publish space   --repo-id ORG/ReTerm-demo [--folder space]
@@ -14,8 +14,12 @@ Every kind goes through the same steps:
 1. **Stage.** The files to publish (``--include``/``--exclude``, with defaults per kind) are placed in a
    staging folder (hard links, falling back to symbolic links or copies) with the rendered card as
    ``README.md``: :func:`dataset_card.render.render_dataset_card` from ``stats.json`` and the shards,
-   :func:`model_card.render.render_model_card` from the recipes and ``results.json`` (recipes and results
-   are also copied to ``recipes/`` and ``eval/``), and the Space's own ``README.md`` for a Space.
+   :func:`model_card.render.render_model_card` from the checkpoint's own training record
+   (``training_summary.json`` and ``recipe.yaml`` in the folder or its parent; ``--recipe`` replaces the
+   recipes) and ``results.json`` (recipes, results and the training summary are also staged as
+   ``recipes/``, ``eval/results.json`` and ``training_summary.json``, so a staged folder publishes again
+   as it is), and the Space's own ``README.md`` for a Space. A model folder without a training record
+   (untrained weights) is refused.
 2. **Check.** The card's metadata is validated (:mod:`reterm.hub_metadata`) and every staged text file,
    card and dataset row is scanned for Hugging Face tokens (the one in use and anything shaped like
    ``hf_...``). A problem stops here, before any request to the Hub.
@@ -192,25 +196,57 @@ def stage(
     if kind == "space":
         extra += _stage_kit_for_space(stage_dir, set(files), allow_symlink, notes)
     if kind == "model":
-        from model_card.inputs import load_recipe
-
-        for i, recipe_path in enumerate(options.get("recipes") or [], start=1):
-            recipe = load_recipe(recipe_path)
-            rel = f"recipes/{i}-{recipe.trainer}-{Path(recipe_path).name}"
-            (stage_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            (stage_dir / rel).write_text(recipe.text, encoding="utf-8")
-            extra.append(rel)
-        if options.get("results"):
-            (stage_dir / "eval").mkdir(exist_ok=True)
-            shutil.copyfile(options["results"], stage_dir / "eval" / "results.json")
-            extra.append("eval/results.json")
+        extra += _stage_model_inputs(folder, stage_dir, options)
     try:
         card = check_readme(readme, kind, where=f"{stage_dir / 'README.md'}")
     except ValueError as exc:
         raise PublishError(str(exc)) from None
-    all_files = sorted(set(files) | set(extra))
+    all_files = sorted(f for f in set(files) | set(extra) if (stage_dir / f).is_file())
     size = sum((stage_dir / f).stat().st_size for f in all_files)
     return Staged(stage_dir, all_files, card, card.get("sdk") if kind == "space" else None, size, notes)
+
+
+def _write_new(path: Path, data: str | bytes) -> None:
+    """Write ``path`` as a new file: a hard link placed there from the source folder is removed first,
+    so the source is never written through it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
+
+
+def _stage_model_inputs(folder: Path, stage_dir: Path, options: dict[str, Any]) -> list[str]:
+    """Stage what the model card was rendered from: the recipes (``recipes/N-TRAINER-NAME.yaml``, secrets
+    redacted), ``eval/results.json`` and ``training_summary.json`` (absolute paths of this machine cut to
+    their last component; the chosen ``eval_name`` added). Returns the staged relative paths."""
+    from model_card.inputs import load_recipe
+    from model_card.render import training_record
+
+    record = training_record(folder)
+    recipes = options.get("recipes") or (record.recipes if record is not None else [])
+    staged: list[str] = []
+    old = [p for p in (stage_dir / "recipes").glob("*.yaml")] if (stage_dir / "recipes").is_dir() else []
+    for path in old:  # recipes of a staged folder being staged again: replaced by the ones rendered
+        path.unlink()
+    for i, recipe_path in enumerate(recipes, start=1):
+        recipe = load_recipe(recipe_path)
+        name = Path(recipe_path).name
+        rel = f"recipes/{name}" if re.match(r"\d+-(sft|grpo)-", name) else f"recipes/{i}-{recipe.trainer}-{name}"
+        _write_new(stage_dir / rel, recipe.text)
+        staged.append(rel)
+    results = options.get("results") or (folder / "eval" / "results.json" if (folder / "eval" / "results.json").is_file() else None)
+    if results:
+        _write_new(stage_dir / "eval" / "results.json", Path(results).read_bytes())
+        staged.append("eval/results.json")
+    if record is not None:
+        summary = {k: (Path(v).name if isinstance(v, str) and v.startswith("/") else v) for k, v in record.summary.items()}
+        if options.get("eval_name"):
+            summary["eval_name"] = options["eval_name"]
+        _write_new(stage_dir / "training_summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        staged.append("training_summary.json")
+    return staged
 
 
 # What a Space needs of the kit next to app.py: the library, the task suite (live mode) and eval/ (its
@@ -373,8 +409,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model", parents=[common], epilog=defaults("model"),
                        help="a checkpoint (full weights or a LoRA adapter)")  # fmt: skip
     m.add_argument("--folder", type=Path, required=True, help="the checkpoint folder (save_pretrained output)")
-    m.add_argument("--recipe", action="append", type=Path, required=True,
-                   help="TRL recipe YAML of a training stage, in order (repeatable)")  # fmt: skip
+    m.add_argument("--recipe", action="append", type=Path,
+                   help="TRL recipe YAML of a training stage, in order (repeatable; default: the recipe.yaml "
+                   "next to the checkpoint's training_summary.json)")  # fmt: skip
     m.add_argument("--results", type=Path, help="the evaluation's results.json (model-index and results table)")
     m.add_argument("--eval-name", help="this model's name in results.json")
     m.add_argument("--base-model", help="Hub id of the base model (default: from the training outputs/recipe)")

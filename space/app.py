@@ -3,14 +3,16 @@
     python space/app.py [--host 127.0.0.1] [--port 7860] [--tasks DIR]... [--source SPEC]...
 
 - **Replay** (always available, no GPU): ReTerm-10K records (a dataset folder, a parquet/jsonl file or a
-  Hub dataset id), Harbor job folders, ReTerm-GRPO rollouts, or folders of recovery-attempt trajectories
+  Hub dataset id; an unreachable Hub fails within seconds and clears the view), Harbor job folders (also
+  the ``-o`` folder of ``harbor run``), ReTerm-GRPO rollouts, or folders of recovery-attempt trajectories
   (eval's recovery from recorded states, this app's saved live runs) shown as steps: model reasoning,
   the command and its output in a terminal pane, exit status, the failure step marked with its error
   category, then the recovery; fan-outs show the G attempts side by side with their rewards.
 - **Live** (hosts that can run the local sandbox): pick a task and a model (embedded SmolLM2, a local
   checkpoint or Hub model, an OpenAI-compatible endpoint, or the scripted oracle); the agent runs in
-  the sandbox and each step streams in; at the first failure the sandbox is forked and G recovery
-  attempts run side by side, each judged by the task's verifier. Stop tears every sandbox down.
+  the sandbox and each step streams in (turn k of N, seconds per turn); at the first failure the sandbox
+  is forked and G recovery attempts run side by side, each judged by the task's verifier. Stop, or the
+  browser session ending (tab closed), tears every sandbox down; runs are saved after every step.
 
 Settings (flags win over environment variables): ``--host``/``GRADIO_SERVER_NAME`` (default 127.0.0.1),
 ``--port``/``GRADIO_SERVER_PORT`` (7860), ``--tasks``/``RETERM_SPACE_TASKS`` (task roots, ``:``-separated),
@@ -32,6 +34,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Set before torch loads: OpenMP threads that spin while waiting make CPU generation several times slower
+# beside the sandboxes; LiteLLM (imported with Harbor) reads its bundled cost map instead of retrying a
+# download offline. A value the user chose wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -251,6 +259,14 @@ def build_demo(config: AppConfig) -> gr.Blocks:
     default_task = next((n for n in ("replace-missing-jq", "hello-file") if n in tasks), next(iter(tasks), None))
 
     # ------------------------------------------------------------------- replay handlers
+    def clear_view(spec: str):
+        """Before a source opens: nothing of the previous source stays on screen under the new name."""
+        return (gr.update(choices=[], value=None), f"⏳ opening **{esc((spec or '').strip())}** …",
+                render_notice("Opening the source …"), {})  # fmt: skip
+
+    def open_failed(spec: str):
+        return f"⚠️ **{esc((spec or '').strip())}** could not be opened (the message says why)."
+
     def open_src(spec: str, category: str):
         try:
             src = sources.get(spec, reload=True)
@@ -300,8 +316,15 @@ def build_demo(config: AppConfig) -> gr.Blocks:
         return gr.update(value=keys[(i + delta) % len(keys)])
 
     # --------------------------------------------------------------------- live handler
+    session_runs: dict[str, set[LiveRun]] = {}  # live runs by browser session, stopped when it ends
+
+    def end_session(request: gr.Request) -> None:
+        """The browser tab was closed or reloaded: stop that session's live runs (sandboxes torn down)."""
+        for run in list(session_runs.pop(getattr(request, "session_hash", None) or "", set())):
+            run.cancel("the browser session ended")
+
     async def live(task, task_folder, instruction, model, checkpoint, base_url, endpoint_model, forks, max_turns,
-                   recovery_turns, temperature, max_new_tokens, first_command):  # fmt: skip
+                   recovery_turns, temperature, max_new_tokens, first_command, request: gr.Request = None):  # fmt: skip
         if not config.live_available:
             raise gr.Error(config.live_message or "Live mode is not available on this host.")
         try:
@@ -326,6 +349,9 @@ def build_demo(config: AppConfig) -> gr.Blocks:
         events: asyncio.Queue[None] = asyncio.Queue()
         run = LiveRun(req, policy, runs_dir=config.runs_dir, notify=lambda: events.put_nowait(None))
         task_ = asyncio.create_task(run.run())
+        run.task = task_
+        session = getattr(request, "session_hash", None) or ""
+        session_runs.setdefault(session, set()).add(run)
         try:
             while not task_.done():
                 try:
@@ -337,8 +363,9 @@ def build_demo(config: AppConfig) -> gr.Blocks:
                 yield render_live(run.state)
             yield render_live(run.state)
         finally:  # Stop / cancel / disconnect: stop the run; its teardown stops every sandbox
+            session_runs.get(session, set()).discard(run)
             if not task_.done():
-                task_.cancel()
+                run.cancel("stopped")
             await asyncio.gather(task_, return_exceptions=True)
 
     # --------------------------------------------------------------------------- layout
@@ -388,7 +415,7 @@ def build_demo(config: AppConfig) -> gr.Blocks:
                         tokens_box = gr.Slider(16, 1024, value=256, step=16, label="Max new tokens per turn")
                     with gr.Row():
                         ckpt_box = gr.Textbox(label="Checkpoint (model: local checkpoint)",
-                                              placeholder="outputs/sft or ORG/NAME")
+                                              placeholder="./outputs/sft or ORG/NAME")
                         url_box = gr.Textbox(label="Endpoint base URL (model: endpoint)",
                                              placeholder="http://127.0.0.1:8000/v1")
                         served_box = gr.Textbox(label="Served model name (model: endpoint)", placeholder="smollm2")
@@ -413,8 +440,11 @@ def build_demo(config: AppConfig) -> gr.Blocks:
 
         # ------------------------------------------------------------------------ events
         open_evt = dict(fn=open_src, inputs=[src_box, cat_box], outputs=[item_box, cat_box, src_info])
-        open_btn.click(**open_evt, api_name="open_source")
-        demo.load(**open_evt, api_name=False)
+        clear_evt = dict(fn=clear_view, inputs=[src_box], outputs=[item_box, src_info, view_html, view_json],
+                         queue=False, api_name=False)  # fmt: skip
+        open_btn.click(**clear_evt).then(**open_evt, api_name="open_source").failure(
+            open_failed, src_box, src_info, api_name=False)  # fmt: skip
+        demo.load(**open_evt, api_name=False).failure(open_failed, src_box, src_info, api_name=False)
         cat_box.input(filter_items, [src_box, cat_box], item_box, api_name=False)
         item_box.change(show_item, [src_box, item_box, expand_box], [view_html, view_json], api_name="show_item")
         expand_box.change(show_item, [src_box, item_box, expand_box], [view_html, view_json], api_name=False)
@@ -430,6 +460,7 @@ def build_demo(config: AppConfig) -> gr.Blocks:
             api_name="live", concurrency_limit=config.live_concurrency, concurrency_id="live",
         )  # fmt: skip
         stop_btn.click(None, None, None, cancels=[run_evt], api_name=False)
+        demo.unload(end_session)
     return demo
 
 

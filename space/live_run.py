@@ -17,11 +17,13 @@ One run (:class:`LiveRun`):
    as one batch). Each attempt's verifier runs at the end. If the episode ends without a step failing
    (e.g. a premature submit) the end state is snapshotted before the verifier runs; when the verifier
    fails and localisation finds a failure state, the attempts start from that snapshot.
-4. Every sandbox is stopped at the end, on errors and on cancellation (the Stop button): sandbox starts
+4. Every sandbox is stopped at the end, on errors and on cancellation (the Stop button, or
+   :meth:`LiveRun.cancel` when the browser session ends): no further model turn starts, sandbox starts
    and forks are allowed to finish before being torn down, so a cancel never orphans one.
 
-The run's state (:class:`LiveState`) is rendered after every event; finished runs are saved as
-trajectory files (``main.json``, ``attempts/attempt-K.json``) that replay mode opens as a fan-out.
+The run's state (:class:`LiveState`) is rendered after every event; its timeline has one line per turn
+(``turn k/N · S s · $ COMMAND``). The run is saved after every step (and at its end, cancelled or not)
+as trajectory files (``main.json``, ``attempts/attempt-K.json``) that replay mode opens as a fan-out.
 
 Inputs are checked by :func:`validate_request` (unknown task, empty instruction, too many forks, an
 unreachable endpoint...). :func:`sandbox_availability` decides whether live mode is offered at all.
@@ -34,6 +36,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -271,14 +274,19 @@ def validate_request(
         ref = (checkpoint or "").strip()
         if not ref:
             raise ValueError("no checkpoint given: enter a local model folder or a Hub model id")
-        p = Path(ref).expanduser()
-        if p.exists():
+        from reterm.policies import is_local_path
+
+        if is_local_path(ref):  # as everywhere in the kit: a path starts with /, . or ~; the rest is a Hub id
             if not allow_local_paths:
                 raise ValueError("local checkpoints cannot be used on this host; give a Hub model id")
+            p = Path(ref).expanduser()
+            if not p.is_dir():
+                raise ValueError(f"{ref}: no such checkpoint folder")
             if not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
                 raise ValueError(f"{ref}: not a transformers checkpoint (no config.json or adapter_config.json)")
-        elif ref.startswith((".", "/", "~")) or ref.count("/") != 1:
-            raise ValueError(f"{ref}: no such checkpoint folder, and not a Hub model id (ORG/NAME)")
+        elif ref.count("/") != 1:
+            raise ValueError(f"{ref}: read as a Hub model id, which is ORG/NAME; a local folder is written as a "
+                             f"path (./{ref}, /abs/path or ~/path)")  # fmt: skip
         spec = f"hf:{ref}"
     elif model == "endpoint":
         url = (base_url or "").strip()
@@ -359,17 +367,39 @@ class PolicyCache:
         return GPUPolicy(policy)
 
 
+class RunStopped(RuntimeError):
+    """The run was stopped (Stop, or the browser session ended) before the next model turn."""
+
+
 class _Observed:
-    """Forwards ``generate`` and reports when a batch starts (live status: "model writing turn N")."""
+    """Forwards ``generate`` and reports when a batch starts (live status: "model writing turn N").
+    Once ``stopped`` is set, no new turn is generated (:class:`RunStopped`), so a stopped run does not
+    keep a model busy for further turns."""
 
     def __init__(self, inner: Any, on_generate: Callable[[int], None]) -> None:
         self.inner, self.on_generate = inner, on_generate
         self.name = inner.name
         self.call_format = getattr(inner, "call_format", None)
+        self.stopped = threading.Event()
 
     def generate(self, batch: list, tools: list) -> list:
+        if self.stopped.is_set():
+            raise RunStopped("the run was stopped")
         self.on_generate(len(batch))
         return self.inner.generate(batch, tools)
+
+
+def turn_line(label: str, step: Step) -> str:
+    """One turn for the live timeline: ``LABEL · S s · WHAT`` (S = generation + execution seconds; WHAT =
+    ``$ COMMAND`` (first line, at most 80 characters), ``submit`` or ``parse error: OUTCOME``)."""
+    if step.action is None:
+        what = f"parse error: {step.parse_error or 'unknown'}"
+    elif step.action.tool == "submit":
+        what = "submit"
+    else:
+        first = (step.action.command or "").splitlines()[0] if step.action.command else ""
+        what = "$ " + (first[:80] + " …" if len(first) > 80 or "\n" in (step.action.command or "") else first)
+    return f"{label} · {step.generation_s + step.execution_s:.1f} s · {what}"
 
 
 # =================================================================================== runs
@@ -436,7 +466,7 @@ class LiveRun:
     Args:
         request: the validated inputs.
         policy: the policy (from :class:`PolicyCache`).
-        runs_dir: where finished runs are saved (``None``: not saved); at most ``keep_runs`` are kept.
+        runs_dir: where runs are saved, after every step (``None``: not saved); at most ``keep_runs`` are kept.
         notify: called (in the event loop) whenever the state changed.
     """
 
@@ -449,10 +479,26 @@ class LiveRun:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.envs: list[Any] = []  # every environment started; all stopped at the end
         self.policy = _Observed(policy, self._on_generate)
+        self.task: asyncio.Task | None = None  # the task running :meth:`run` (set by the caller)
+        self.stop_reason = "cancelled by the user"
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop the run from any thread: no further model turn starts, the task running :meth:`run`
+        is cancelled (its teardown stops every sandbox; what was done so far stays saved)."""
+        self.stop_reason = reason
+        self.policy.stopped.set()
+        if self.task is not None and not self.task.done():
+            self.task.get_loop().call_soon_threadsafe(self.task.cancel)
 
     # ------------------------------------------------------------------------- events
     def _changed(self) -> None:
         self._notify()
+
+    def _stepped(self) -> None:
+        """After every step: save the run so far (a run cut by a crash or a closed tab keeps its steps)."""
+        with contextlib.suppress(Exception):
+            self._save()
+        self._changed()
 
     def _on_generate(self, n: int) -> None:  # called from the generation thread
         what = f"model writing the next turn of {n} attempts" if n > 1 else "model writing the next turn"
@@ -498,20 +544,24 @@ class LiveRun:
         st = self.state
         try:
             await self._run()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, RunStopped) as exc:
             st.cancelled, st.phase = True, "cancelled: sandboxes stopped"
-            st.log("cancelled by the user")
-            raise
+            st.log(self.stop_reason)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
         except Exception as exc:
+            if self.policy.stopped.is_set():  # the stop reached the episode loop as a generation fault
+                st.cancelled, st.phase = True, "cancelled: sandboxes stopped"
+                st.log(self.stop_reason)
+                return st
             st.error = f"{type(exc).__name__}: {exc}"
             st.phase = "stopped by an error"
             st.log(f"error: {st.error}")
         finally:
             await self.teardown()
             st.done = True
-            if not st.cancelled:
-                with contextlib.suppress(Exception):
-                    self._save()
+            with contextlib.suppress(Exception):
+                self._save()
             self._changed()
         return st
 
@@ -536,12 +586,15 @@ class LiveRun:
         self._changed()
 
         steps: list[Step] = []
+        turns = 0
         started = time.monotonic()
         meta = {"space_run": st.run_id, "role": "main"}
 
         def on_step(_: int, traj: Trajectory, step: Step) -> None:
             st.main = traj
-            self._changed()
+            if not step.extra.get("injected") and traj.policy != "user":
+                st.log(turn_line(f"turn {turns + 1}/{req.max_turns}", step))
+            self._stepped()
 
         async def turn(policy: Any) -> Trajectory:
             remaining = None if budget is None else budget - (time.monotonic() - started)
@@ -646,8 +699,11 @@ class LiveRun:
             st.attempts = trajs
             self._changed()
 
-        def on_attempt_step(_: int, __: Trajectory, ___: Step) -> None:
-            self._changed()
+        def on_attempt_step(k: int, traj: Trajectory, step: Step) -> None:
+            turn = len(traj.steps) - traj.prefix_len
+            st.phase = f"recovery turn {turn}/{req.recovery_turns} ({req.forks} attempts in lock-step)"
+            st.log(turn_line(f"attempt {k + 1} turn {turn}/{req.recovery_turns}", step))
+            self._stepped()
 
         st.phase = f"{req.forks} recovery attempts running in lock-step"
         self._changed()
@@ -698,7 +754,8 @@ class LiveRun:
         if self.runs_dir is None or st.main is None:
             return
         run_dir = self.runs_dir / f"{st.run_id}-{self.req.task_id}"
-        st.main.save(run_dir / "main.json")
+        main = st.main if st.main.metadata.get("role") == "main" and not st.main.prefix_len else self._as_main(st.main)
+        main.save(run_dir / "main.json")
         for k, a in enumerate(st.attempts):
             a.save(run_dir / "attempts" / f"attempt-{k}.json")
         st.run_dir = run_dir

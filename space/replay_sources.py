@@ -4,9 +4,12 @@ A source is named by one string (:func:`open_source` tells the kinds apart):
 
 - **ReTerm-10K records** (:data:`reterm.records.FEATURES`): a dataset folder as ``reterm data build`` or
   ``push_to_hub`` writes it (``data/{split}-*.parquet``), a ``.parquet``/``.jsonl`` file, or a Hub dataset
-  id (``ORG/NAME``, loaded with ``datasets.load_dataset``). Each record is a failure prefix then the
+  id (``ORG/NAME``: fetched with ``huggingface_hub.snapshot_download``, or taken from the Hub cache when
+  the Hub cannot be reached, which is found out within :data:`HUB_TIMEOUT_S`; then
+  ``datasets.load_dataset``). Each record is a failure prefix then the
   verified recovery; the failing step is ``failure_step``, the recovery starts at ``train_from_message_index``.
-- **Harbor job folders** (trial folders with ``config.json``/``result.json``/``agent/``), read with
+- **Harbor job folders** (trial folders with ``config.json``/``result.json``/``agent/``; a job folder; or
+  the folder ``harbor run -o DIR`` writes, holding one job folder per run), read with
   :func:`reterm.agent.atif.trajectories_from_job`; the failure step is the primary failure state of
   :func:`reterm.recovery.localise` (rules), and steps after it are the recovery when the trial passed.
 - **Folders of trajectory files** (this kit's ``Trajectory.save`` JSON, ``schema_version``
@@ -141,7 +144,7 @@ def open_source(spec: str, *, allowed_roots: list[Path] | None = None) -> Source
                 return _rollouts_source(spec, folder)
         if _is_dataset_folder(path):
             return _records_source(spec, _load_dataset(str(path), spec))
-        if _is_trial_folder(path) or _trial_folders(path):
+        if _is_trial_folder(path) or _trial_folders(path) or _job_folders(path):
             return _job_source(spec, path)
         files = _trajectory_files(path)
         if files:
@@ -149,7 +152,7 @@ def open_source(spec: str, *, allowed_roots: list[Path] | None = None) -> Source
         raise SourceError(f"{spec}: found no ReTerm-10K shards (data/*.parquet), Harbor trial folders or "
                           "trajectory JSON files in this folder")  # fmt: skip
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
-        return _records_source(spec, _load_dataset(spec, spec))
+        return _records_source(spec, _load_dataset(str(_hub_dataset_folder(spec)), spec))
     raise SourceError(f"{spec}: no such file or folder, and not a Hub dataset id (ORG/NAME)")
 
 
@@ -162,8 +165,47 @@ def _is_trial_folder(path: Path) -> bool:
 
 
 def _trial_folders(path: Path) -> list[Path]:
+    """Trial folders directly under ``path`` (a job folder): ``config.json`` and ``agent/`` or
+    ``result.json``, and no trial folders of their own (a job folder has the same two files)."""
     return sorted(p for p in path.iterdir() if p.is_dir() and (p / "config.json").is_file()
-                  and ((p / "agent").is_dir() or (p / "result.json").is_file()))  # fmt: skip
+                  and ((p / "agent").is_dir() or (p / "result.json").is_file())
+                  and not any((c / "config.json").is_file() and (c / "agent").is_dir()
+                              for c in p.iterdir() if c.is_dir()))  # fmt: skip
+
+
+def _job_folders(path: Path) -> list[Path]:
+    """Job folders directly under ``path`` (the ``-o`` folder of ``harbor run``): each holds a
+    ``config.json`` and trial folders."""
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "config.json").is_file() and _trial_folders(p))
+
+
+HUB_TIMEOUT_S = 3.0  # seconds to find out whether the Hub answers before falling back to the cache
+
+
+def _hub_dataset_folder(spec: str) -> Path:
+    """A local snapshot of Hub dataset ``spec``: downloaded when the Hub answers within
+    :data:`HUB_TIMEOUT_S`, else the Hub cache's copy. ``datasets.load_dataset(ID)`` would retry for
+    about 25 s offline before failing.
+
+    Raises:
+        SourceError: the Hub cannot be reached (or has no such dataset) and the cache has no copy.
+    """
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    patterns = ["data/*", "*.parquet", "*.jsonl", "*.json", "README.md"]
+    try:
+        HfApi().dataset_info(spec, timeout=HUB_TIMEOUT_S)
+    except Exception as exc:  # unreachable, unknown repo, no access: the cache is the only chance
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+        try:
+            return Path(snapshot_download(spec, repo_type="dataset", allow_patterns=patterns, local_files_only=True))
+        except Exception:
+            raise SourceError(f"{spec}: the Hub dataset cannot be opened: {constants.ENDPOINT} did not answer within "
+                              f"{HUB_TIMEOUT_S:g} s or refused ({reason}), and the Hub cache has no copy") from None  # fmt: skip
+    try:
+        return Path(snapshot_download(spec, repo_type="dataset", allow_patterns=patterns))
+    except Exception as exc:
+        raise SourceError(f"{spec}: downloading the Hub dataset failed ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def _load_dataset(name: str, spec: str) -> list[tuple[str, Any]]:
@@ -256,17 +298,21 @@ def _job_source(spec: str, path: Path) -> Source:
     from reterm.agent.atif import trajectory_from_trial
     from reterm.recovery.localise import localise
 
-    trials = [path] if _is_trial_folder(path) else _trial_folders(path)
+    if _is_trial_folder(path):
+        trials = [path]
+    else:
+        trials = _trial_folders(path) or [t for job in _job_folders(path) for t in _trial_folders(job)]
     src = Source(spec, "job", "")
-    skipped = 0
+    skipped, unreadable = 0, []
     for trial in trials:
         try:
             traj = trajectory_from_trial(trial)
         except FileNotFoundError:
             skipped += 1
             continue
-        except ValueError as exc:
-            raise SourceError(str(exc)) from exc
+        except ValueError as exc:  # a torn or foreign result.json: name it in one line, keep the others
+            unreadable.append(f"{trial.name}: {str(exc).splitlines()[0][:200]}")
+            continue
         loc = localise(traj)
         primary = loc.primary
         cat = primary.category if primary else ""
@@ -277,10 +323,12 @@ def _job_source(spec: str, path: Path) -> Source:
         src._data[trial.name] = (trial, traj, loc)
     if not src.items:
         raise SourceError(f"{spec}: no trial in this Harbor job folder has a trajectory "
-                          f"({skipped} trial folder(s) without agent/reterm_trajectory.json or agent/trajectory.json)")  # fmt: skip
+                          f"({skipped} trial folder(s) without agent/reterm_trajectory.json or agent/trajectory.json"
+                          + (f"; {len(unreadable)} unreadable, e.g. {unreadable[0]}" if unreadable else "") + ")")  # fmt: skip
     passed = sum(1 for _, t, _ in src._data.values() if t.outcome is Outcome.SUCCESS)
     src.description = (f"Harbor job: {len(src.items)} trials with a trajectory ({passed} passed)"
-                       + (f", {skipped} without one" if skipped else ""))  # fmt: skip
+                       + (f", {skipped} without one" if skipped else "")
+                       + (f", {len(unreadable)} unreadable ({unreadable[0]})" if unreadable else ""))  # fmt: skip
     return src
 
 

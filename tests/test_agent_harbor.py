@@ -94,3 +94,48 @@ def test_concurrent_trials_load_the_policy_once():
     with ThreadPoolExecutor(4) as pool:
         policies = list(pool.map(lambda _: harbor._load_policy("smollm2", kwargs), range(4)))
     assert all(p is policies[0] for p in policies)
+
+
+def test_agent_defaults_stop_after_parse_errors_and_report_progress(tmp_path):
+    from reterm.agent.harbor import DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS, ReTermAgent, progress_line
+    from reterm.trajectory import Action, Step
+
+    agent = ReTermAgent(logs_dir=tmp_path)
+    assert agent.max_consecutive_parse_errors == DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS == 3 and agent.progress
+    off = ReTermAgent(logs_dir=tmp_path, max_consecutive_parse_errors="0", progress="false")
+    assert off.max_consecutive_parse_errors is None and not off.progress
+    assert ReTermAgent(logs_dir=tmp_path, max_consecutive_parse_errors="5").max_consecutive_parse_errors == 5
+    with pytest.raises(ValueError, match="progress"):
+        ReTermAgent(logs_dir=tmp_path, progress="maybe")
+    bash = Step(index=0, model_text="", action=Action(tool="bash", command="make\nmake test"), generation_s=1.5,
+                execution_s=0.25)  # fmt: skip
+    assert progress_line("t", bash, 30, 12.0) == "[reterm] t turn 1/30  1.8 s (12 s in all)  $ make ..."
+    bad = Step(index=4, model_text="hi", parse_error="no_tool_call", generation_s=3.0)
+    assert progress_line("t", bad, 30, 40.0).endswith("turn 5/30  3.0 s (40 s in all)  parse error: no_tool_call")
+
+
+@pytest.mark.slow
+def test_harbor_trial_of_base_smollm2_stops_on_parse_errors_with_its_steps_on_disk(tmp_path):
+    """The base model writes no tool call: the trial ends after 3 parse errors (default), long before the
+    task's 1200 s agent timeout, prints a line per turn, and keeps its steps; no LiteLLM cost-map fetch."""
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    args = [str(Path(sys.executable).parent / "harbor"), "run", "-p", str(SUITE_TASK),
+            "-a", "reterm.agent.harbor:ReTermAgent", "-e", "reterm.sandbox.local:LocalEnvironment",
+            "--ak", "policy=smollm2", "--ak", 'policy_kwargs={"max_new_tokens": 48, "temperature": 0}',
+            "-o", str(tmp_path / "jobs"), "-y"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "cost map" not in output
+    (trial,) = [p.parent for p in (tmp_path / "jobs").glob("*/*/result.json")]
+    result = json.loads((trial / "result.json").read_text())
+    assert result["agent_result"]["metadata"]["stop_reason"] == "parse_errors"
+    own = Trajectory.load(trial / "agent" / "reterm_trajectory.json")
+    assert len(own.steps) == 3 and all(s.action is None and s.parse_error for s in own.steps)
+    assert from_atif(trial / "agent" / "trajectory.json") == own
+    lines = [line for line in output.splitlines() if line.startswith("[reterm] reterm/semver-sort turn ")]
+    assert [line.split()[3] for line in lines] == ["1/30", "2/30", "3/30"] and "parse error: " in lines[0]
+    from datetime import datetime
+
+    timing = {k: datetime.fromisoformat(v) for k, v in result["agent_execution"].items()}
+    assert (timing["finished_at"] - timing["started_at"]).total_seconds() < 1200 / 4

@@ -44,6 +44,8 @@ def tiny_model(tmp_path_factory) -> Path:
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
     out = tmp_path_factory.mktemp("model") / "checkpoint"
     LlamaForCausalLM(config).save_pretrained(out)
+    # the record train/grpo.py leaves next to a checkpoint (the base model's id comes from the recipes here)
+    (out / "training_summary.json").write_text(json.dumps({"method": "ReTerm-GRPO (TRL GRPOTrainer subclass)", "steps": 4}))
     return out
 
 
@@ -169,6 +171,7 @@ def test_model_card_for_a_lora_adapter(tiny_model, tmp_path):
                            LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))  # fmt: skip
     adapter = tmp_path / "adapter"
     model.save_pretrained(adapter)
+    (adapter / "training_summary.json").write_text(json.dumps({"method": "SFT (TRL SFTTrainer)", "steps": 3}))
     card = render_model_card(adapter, "reterm/reterm-sft-lora", RECIPES[:1], None,
                              base_model="HuggingFaceTB/SmolLM2-135M-Instruct")  # fmt: skip
     meta = ModelCard(str(card)).data.to_dict()
@@ -220,3 +223,108 @@ def test_metadata_validation_messages():
     with pytest.raises(ValueError, match="not valid YAML"):
         check_readme("---\nlicense: [unclosed\n---\nbody", "model")
     assert check_readme("# no metadata", "model") == {}
+
+
+# ------------------------------------------------------------------- cards true to their folder
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _publish(*args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from reterm.publish import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, err.getvalue()
+
+
+def test_a_folder_written_by_train_sft_publishes_from_its_own_record(tmp_path):
+    """train/sft.py's real output (its --check run on the tiny Qwen3.5: RUN/training_summary.json,
+    RUN/recipe.yaml, RUN/merged/) publishes without --recipe; the card's base model, method and recipe
+    come from the folder."""
+    spec = importlib.util.spec_from_file_location("reterm_train_sft_cards", REPO / "train" / "sft.py")
+    sft = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules[spec.name] = sft
+    spec.loader.exec_module(sft)
+    recipe = REPO / "train" / "recipes" / "smollm2-135m" / "sft.yaml"
+    assert sft.main(["--config", str(recipe), "--check", "--output_dir", str(tmp_path / "run")]) == 0
+    merged = tmp_path / "run-check" / "merged"
+    # the check run's base is the tiny random Qwen3.5, which has no Hub id: the error lists what was read
+    code, err = _publish("model", "--folder", merged, "--repo-id", "org/x", "--dry-run", "--stage-dir", tmp_path / "s0")
+    assert code == 1 and "training_summary.json base_model_hub_id = 'tiny-qwen3.5'" in err and "--base-model" in err
+    stage = tmp_path / "stage"
+    code, err = _publish("model", "--folder", merged, "--repo-id", "org/x", "--base-model", "Qwen/Qwen3.5-9B",
+                         "--dry-run", "--stage-dir", stage)  # fmt: skip
+    assert code == 0, err
+    card = ModelCard.load(stage / "README.md")
+    assert card.data.base_model == "Qwen/Qwen3.5-9B" and "sft" in card.data.tags
+    assert (stage / "recipes" / "1-sft-recipe.yaml").read_text() == recipe.read_text()
+    assert json.loads((stage / "training_summary.json").read_text())["steps"] >= 1
+
+
+def _sft_run(tmp_path: Path, tiny_model: Path, summary: dict) -> Path:
+    run = tmp_path / "sft"
+    shutil.copytree(tiny_model, run / "merged")
+    (run / "merged" / "training_summary.json").unlink()
+    shutil.copyfile(REPO / "train" / "recipes" / "smollm2-135m" / "sft.yaml", run / "recipe.yaml")
+    (run / "training_summary.json").write_text(json.dumps(summary))
+    return run / "merged"
+
+
+SFT_SUMMARY = {"base_model": "smollm2", "base_model_hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+               "method": "SFT (TRL SFTTrainer)", "steps": 5}  # fmt: skip
+
+
+def test_cards_refuse_what_their_folder_contradicts(tiny_model, tmp_path):
+    untrained = tmp_path / "untrained"
+    shutil.copytree(tiny_model, untrained)
+    (untrained / "training_summary.json").unlink()
+    sft_recipe = REPO / "train" / "recipes" / "smollm2-135m" / "sft.yaml"
+    with pytest.raises(ValueError, match=r"no training_summary.json .*trained with SFT"):
+        render_model_card(untrained, "org/x", [sft_recipe], base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    code, err = _publish("model", "--folder", untrained, "--repo-id", "org/x", "--recipe", sft_recipe, "--dry-run",
+                         "--stage-dir", tmp_path / "s")  # fmt: skip
+    assert code == 1 and "nothing shows these weights were trained" in err
+    zero = _sft_run(tmp_path / "zero", tiny_model, {**SFT_SUMMARY, "steps": 0})
+    with pytest.raises(ValueError, match="'steps' is 0"):
+        render_model_card(zero, "org/x")
+    sft = _sft_run(tmp_path / "ok", tiny_model, SFT_SUMMARY)
+    with pytest.raises(ValueError, match=r"GRPO recipe, but .*records 'SFT \(TRL SFTTrainer\)'"):
+        render_model_card(sft, "org/x", RECIPES)  # the last recipe claims GRPO
+
+
+def test_an_sft_run_publishes_without_base_model_and_a_staged_folder_publishes_as_it_is(tiny_model, tmp_path):
+    merged = _sft_run(tmp_path, tiny_model, SFT_SUMMARY)
+    first = tmp_path / "cards" / "model"
+    code, err = _publish("model", "--folder", merged, "--repo-id", "org/ReTerm-tiny", "--results", RESULTS,
+                         "--eval-name", "reterm-sft", "--dry-run", "--stage-dir", first)  # fmt: skip
+    assert code == 0, err
+    card = ModelCard.load(first / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"  # from training_summary.json
+    assert "trained with SFT" in card.text and "grpo" not in card.data.tags
+    assert json.loads((first / "training_summary.json").read_text())["eval_name"] == "reterm-sft"
+    # the staged folder (what train/run_all.sh leaves under cards/) publishes again as it is
+    again = tmp_path / "again"
+    code, err = _publish("model", "--folder", first, "--repo-id", "org/ReTerm-tiny", "--dry-run", "--stage-dir", again)
+    assert code == 0, err
+    files = sorted(p.relative_to(first).as_posix() for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again).as_posix() for p in again.rglob("*") if p.is_file())
+    assert (again / "README.md").read_text() == (first / "README.md").read_text()
+    assert (first / "recipes" / "1-sft-recipe.yaml").read_text() == (merged.parent / "recipe.yaml").read_text()
+
+
+def test_staged_dataset_and_space_folders_publish_as_they_are(dataset_folder, tmp_path):
+    for kind, folder, repo in (("dataset", dataset_folder, "org/ReTerm-10K"), ("space", REPO / "space", "org/demo")):
+        first, again = tmp_path / kind / "first", tmp_path / kind / "again"
+        code, err = _publish(kind, "--folder", folder, "--repo-id", repo, "--dry-run", "--stage-dir", first)
+        assert code == 0, err
+        code, err = _publish(kind, "--folder", first, "--repo-id", repo, "--dry-run", "--stage-dir", again)
+        assert code == 0, err
+        files = sorted(p.relative_to(first).as_posix() for p in first.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(again).as_posix() for p in again.rglob("*") if p.is_file()), kind
+        assert (again / "README.md").read_text() == (first / "README.md").read_text(), kind

@@ -74,6 +74,7 @@ def test_folders_load_check_and_replay(tmp_path):
         assert meta["error_categories"] == [inst.category]
         drill = make_drill(inst.family, 2, inst.index)
         assert meta["first_mistake"] == drill.first_mistake and meta["mistake_signal"] == drill.mistake_signal
+        assert meta["recovery"] == drill.recovery_commands and 1 <= len(meta["recovery"]) <= 4
         assert solution_steps(task) == drill.solution  # the scripted oracle types exactly these commands
         assert task.task.config.agent.timeout_sec <= 120 and task.task.config.verifier.timeout_sec <= 30
         assert (out / inst.name / "environment" / "Dockerfile").read_text().startswith("FROM debian:bookworm-slim\n")
@@ -143,7 +144,7 @@ def test_every_family_sound_in_the_local_sandbox(tmp_path):
     results = check_drills([i.path for i in instances], concurrency=2, progress=False)
     for r in results:
         assert r.error is None, (r.name, r.error)
-        assert (r.oracle_reward, r.null_reward, r.mistake_reward) == (1.0, 0.0, 0.0), r
+        assert (r.oracle_reward, r.null_reward, r.mistake_reward, r.recovery_reward) == (1.0, 0.0, 0.0, 1.0), r
         assert r.mistake_output.strip() and r.signal_seen, (r.name, r.mistake_output)
         assert r.mistake_timed_out == (r.family == "follow-flag"), r.name
         assert r.ok
@@ -178,8 +179,9 @@ def test_docs_list_every_family():
 
 @pytest.mark.slow
 def test_harness_replays_solution_and_localises_the_first_mistake(tmp_path):
-    """Through the kit's harness (tmux terminal, scripted policy, verifier): the solution's steps succeed, and the
-    injected first mistake fails and is localised with the family's category."""
+    """Through the kit's harness (tmux terminal, scripted policy, verifier): the solution's steps succeed; the
+    injected first mistake fails and is localised with the family's category; the mistake then the recovery
+    commands, typed into the same shell, succeed."""
     import asyncio
 
     from reterm.agent.episode import EpisodeSpec, run_episodes
@@ -205,11 +207,13 @@ def test_harness_replays_solution_and_localises_the_first_mistake(tmp_path):
             meta = tomllib.loads((inst.path / "task.toml").read_text())["metadata"]
             good = await episode(inst.path, solution_steps(inst.path), 20)
             bad = await episode(inst.path, [meta["first_mistake"]], meta.get("mistake_timeout_sec", 20))
-            out[inst.family] = (good, bad, inst.category)
+            fixed = await episode(inst.path, [meta["first_mistake"], *meta["recovery"]], meta.get("mistake_timeout_sec", 20))
+            out[inst.family] = (good, bad, fixed, inst.category)
         return out
 
-    for family, (good, bad, category) in asyncio.run(main()).items():
+    for family, (good, bad, fixed, category) in asyncio.run(main()).items():
         assert good.outcome == Outcome.SUCCESS, (family, good.outcome, [s.observation for s in good.steps])
         assert bad.outcome == Outcome.FAILURE, (family, bad.outcome)
         primary = localise(bad).primary
         assert primary is not None and primary.category == category, (family, primary, bad.steps[0].observation)
+        assert fixed.outcome == Outcome.SUCCESS, (family, fixed.outcome, [s.observation for s in fixed.steps])

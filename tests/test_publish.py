@@ -27,6 +27,7 @@ RECIPES = [FIXTURES / "recipes" / "sft.yaml", FIXTURES / "recipes" / "grpo.yaml"
 RESULTS = FIXTURES / "results.json"
 TOKEN = "hf_" + "PublishTestTokenAbcdefghijklmnopq12"  # fake, shaped like a real one (34 characters)
 USER = "reterm"
+REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
@@ -70,6 +71,7 @@ def model_folder(tmp_path_factory) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
     out = tmp_path_factory.mktemp("model") / "checkpoint"
     LlamaForCausalLM(config).save_pretrained(out)
+    (out / "training_summary.json").write_text(json.dumps({"method": "ReTerm-GRPO (TRL GRPOTrainer subclass)", "steps": 4}))
     return out
 
 
@@ -85,6 +87,7 @@ def large_model_folder(tmp_path_factory) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
     out = tmp_path_factory.mktemp("large") / "checkpoint"
     LlamaForCausalLM(config).save_pretrained(out)
+    (out / "training_summary.json").write_text(json.dumps({"method": "SFT (TRL SFTTrainer)", "steps": 2}))
     return out
 
 
@@ -248,7 +251,8 @@ def test_publish_model_and_checkpoint_branches(hub, runs, model_folder, tmp_path
     _publish_model(runs, model_folder, repo, "--dry-run", "--stage-dir", stage)
     staged = tree(stage)
     assert sorted(staged) == ["README.md", "config.json", "eval/results.json", "generation_config.json",
-                              "model.safetensors", "recipes/1-sft-sft.yaml", "recipes/2-grpo-grpo.yaml"]  # fmt: skip
+                              "model.safetensors", "recipes/1-sft-sft.yaml", "recipes/2-grpo-grpo.yaml",
+                              "training_summary.json"]  # fmt: skip
     assert b"fixture-secret-value" not in staged["recipes/1-sft-sft.yaml"]
 
     _publish_model(runs, model_folder, repo)
@@ -326,7 +330,7 @@ def test_lost_commit_answer_rerun_makes_no_second_commit(hub, runs, model_folder
     """The Hub records the commit but the answer is lost (HTTP 500): the re-run finds nothing to do."""
     repo = f"{USER}/ReTerm-lost"
     hub.add_fault("commit", mode="error_after")
-    args = ("--recipe", RECIPES[0], "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    args = ("--recipe", RECIPES[1], "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct")
     r = runs.publish("model", "--repo-id", repo, "--folder", model_folder, *args, check=False)
     assert r.returncode == 1 and "500" in r.stderr
     assert publish_commits(hub, repo, "model") == ["Publish model with `reterm publish`"]
@@ -380,13 +384,30 @@ def test_publish_without_a_token_says_how_to_log_in(hub, env, tmp_path, dataset_
 
 @pytest.mark.slow
 def test_publish_smollm2_checkpoint(hub, runs, tmp_path):
-    """The embedded SmolLM2-135M checkpoint (538 MB of weights) round-trips through publish + hf download."""
+    """The SmolLM2-135M weights (538 MB) laid out as train/sft.py writes a run (training_summary.json and
+    recipe.yaml in the output folder, the checkpoint in merged/) publish without --recipe or --base-model and
+    round-trip through hf download; the same weights as they come (no training record) are refused when a
+    recipe would call them an SFT checkpoint."""
     from reterm.policies.smollm2 import embedded_model_path
 
-    folder = embedded_model_path()
+    embedded = embedded_model_path()
+    refused = runs.publish("model", "--repo-id", f"{USER}/untrained", "--folder", embedded, "--recipe", RECIPES[0],
+                           "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct", check=False)  # fmt: skip
+    assert refused.returncode == 1 and "no training_summary.json" in refused.stderr
+    assert "trained with SFT" in refused.stderr and hub.repo(f"{USER}/untrained") is None
+
+    run = tmp_path / "run" / "sft"
+    folder = run / "merged"
+    folder.mkdir(parents=True)
+    for path in embedded.iterdir():
+        if path.is_file():
+            os.link(path, folder / path.name)
+    (run / "recipe.yaml").write_bytes((REPO / "train" / "recipes" / "smollm2-135m" / "sft.yaml").read_bytes())
+    (run / "training_summary.json").write_text(json.dumps({
+        "base_model": "smollm2", "base_model_hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "method": "SFT (TRL SFTTrainer)", "steps": 5, "dataset": "reterm10k_mini"}))  # fmt: skip
     repo = f"{USER}/SmolLM2-135M-ReTerm"
-    runs.publish("model", "--repo-id", repo, "--folder", folder, "--recipe", RECIPES[0],
-                 "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct")  # fmt: skip
+    runs.publish("model", "--repo-id", repo, "--folder", folder)
     out = runs.hf_download(repo, "model", tmp_path / "dl")
 
     def digest(path: Path) -> str:
@@ -398,6 +419,8 @@ def test_publish_smollm2_checkpoint(hub, runs, tmp_path):
 
     published = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"README.md"}
     got = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and ".cache" not in p.parts}
-    assert published <= got and got - published == {".gitattributes", "README.md", "recipes/1-sft-sft.yaml"}
+    assert got - published == {".gitattributes", "README.md", "recipes/1-sft-recipe.yaml", "training_summary.json"}
     for rel in published:
         assert digest(folder / rel) == digest(out / rel), rel
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and "sft" in card.data.tags

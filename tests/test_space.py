@@ -94,12 +94,37 @@ def runs_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(runs_dir):
+def silent_hub():
+    """A Hub endpoint that accepts connections and never answers (a hanging network)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def server(runs_dir, silent_hub, tmp_path_factory):
+    home = tmp_path_factory.mktemp("hf-home")  # an empty Hub cache
     srv = Server(["--tasks", str(FIXTURE_TASKS), "--tasks", str(REPO / "tasks"), "--runs-dir", str(runs_dir),
-                  "--source", str(RECORDS), "--source", str(JOBS), "--source", str(runs_dir)])  # fmt: skip
+                  "--source", str(RECORDS), "--source", str(JOBS), "--source", str(runs_dir)],
+                 env={"HF_ENDPOINT": silent_hub, "HF_HOME": str(home)})  # fmt: skip
     yield srv
     srv.stop()
     assert run_dirs_of(srv.pid) == [], "the app left sandboxes behind"
+
+
+@pytest.fixture(scope="module")
+def harbor_jobs(tmp_path_factory) -> Path:
+    """The folder `harbor run -o DIR` writes (DIR/<job>/<trial>/...): the oracle on a fixture task."""
+    out = tmp_path_factory.mktemp("harbor") / "jobs"
+    args = [str(Path(sys.executable).parent / "harbor"), "run", "-p", str(FIXTURE_TASKS / "hello-file"),
+            "-a", "reterm.agent.harbor:ReTermAgent", "-e", "reterm.sandbox.local:LocalEnvironment",
+            "--ak", "policy=oracle", "-o", str(out), "-y"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=out.parent, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
 
 
 @pytest.fixture()
@@ -159,6 +184,23 @@ def test_replay_bad_source_is_a_message(client):
         client.predict("/no/such/folder", "all", api_name="/open_source")
 
 
+def test_replay_unreachable_hub_fails_fast(client, silent_hub):
+    from gradio_client.exceptions import AppError
+
+    start = time.monotonic()
+    with pytest.raises(AppError, match=rf"org/unreachable: .*{silent_hub} did not answer within 3 s.*no copy"):
+        client.predict("org/unreachable", "all", api_name="/open_source")
+    assert time.monotonic() - start < 5
+
+
+def test_replay_harbor_run_output_folder(client, harbor_jobs):
+    items, _, info = client.predict(str(harbor_jobs), "all", api_name="/open_source")
+    assert "Harbor job: 1 trials with a trajectory (1 passed)" in info, info
+    (key,) = [c[1] for c in items["choices"]]
+    _, data = client.predict(str(harbor_jobs), key, False, api_name="/show_item")
+    assert data["outcome"] == "success" and data["steps"][0]["command"] == 'echo "Hello, world!" > /app/hello.txt'
+
+
 # ======================================================================================= live
 def test_live_oracle_forks_at_the_failure_and_verifies(client, server, runs_dir):
     job = client.submit(*_live_args(first="cat /app/missing.txt", forks=3), api_name="/live")
@@ -174,6 +216,11 @@ def test_live_oracle_forks_at_the_failure_and_verifies(client, server, runs_dir)
     assert len(summary["attempts"]) == 3 and all(a["reward"] == 1.0 for a in summary["attempts"])
     assert all(a["commands"] == ['echo "Hello, world!" > /app/hello.txt'] for a in summary["attempts"])
     assert summary["fork_s"] > 0
+    # saved as it goes: the run folder exists while it is still running
+    assert any(o[3].get("status") == "running" and o[3].get("run_dir") for o in outputs), "not saved before the end"
+    turns = [text for _, text in summary["timeline"] if text.startswith("attempt ")]
+    assert sorted(t.split(" · ")[0] for t in turns) == [f"attempt {k} turn {n}/5" for k in (1, 2, 3) for n in (1, 2)]
+    assert all(t.endswith(" s · submit") or t.endswith(' s · $ echo "Hello, world!" > /app/hello.txt') for t in turns)
     assert "3 of 3 scored attempts recovered" in attempts_html and 'class="rt-step rt-failure"' in main_html
     assert run_dirs_of(server.pid) == [], "sandboxes left after the run"
     # the saved run replays as a fan-out
@@ -199,6 +246,9 @@ def test_live_without_forks_lets_the_agent_continue(client, server):
     assert summary["failure"]["category"] == "path_permission" and summary["attempts"] == []
     assert summary["main"]["commands"] == ["cat /app/missing.txt", 'echo "Hello, world!" > /app/hello.txt']
     assert summary["main"]["reward"] == 1.0 and "recovered by itself" in summary["phase"]
+    turns = [text for _, text in summary["timeline"] if text.startswith("turn ")]
+    assert turns[0].startswith("turn 1/5 · ") and turns[0].endswith(' s · $ echo "Hello, world!" > /app/hello.txt')
+    assert turns[1].startswith("turn 2/5 · ") and turns[1].endswith(" s · submit")
     assert run_dirs_of(server.pid) == []
 
 
@@ -318,5 +368,70 @@ def test_browser_replay_expands_the_failure_step(server, tmp_path):
             step.locator("summary").click()
             expect(step.locator(".rt-term-body")).to_contain_text(out)
             assert view.locator("b", has_text="not bold").count() == 0
+        finally:
+            browser.close()
+
+
+def _browser(p):
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} missing: scripts/setup.sh installs Debian's chromium")
+    return p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def _open_source(page, spec: str) -> None:
+    source = page.get_by_label("Source")
+    source.fill(spec)
+    source.press("Enter")
+    page.get_by_role("button", name="Open").click()
+
+
+def test_browser_opens_a_harbor_job_folder_and_an_unreachable_hub_fails_fast(server, harbor_jobs):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(server.url)
+            view = page.locator("#replay-view")
+            expect(view.locator(".rt-step").first).to_be_visible(timeout=60_000)
+            _open_source(page, str(harbor_jobs))
+            expect(view.locator("details.rt-step").first.locator("summary")).to_contain_text("Hello, world!",
+                                                                                            timeout=30_000)  # fmt: skip
+            start = time.monotonic()
+            _open_source(page, "org/unreachable")
+            expect(page.get_by_text("org/unreachable could not be opened")).to_be_visible(timeout=5_000)
+            assert time.monotonic() - start < 5
+            expect(page.get_by_text("did not answer within 3 s").first).to_be_visible()  # the error's own message
+            expect(view.locator(".rt-step")).to_have_count(0)  # the previous source's trajectory is gone
+        finally:
+            browser.close()
+
+
+def test_browser_closing_the_tab_stops_the_live_run(server):
+    from playwright.sync_api import expect, sync_playwright
+
+    marker = b"sleep\x0029.75\x00"
+    with sync_playwright() as p:
+        browser = _browser(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(server.url)
+            expect(page.get_by_role("heading", name="ReTerm · recovery, step by step")).to_be_visible(timeout=60_000)
+            page.get_by_role("tab", name="Live").click()
+            page.get_by_label("Model").click()
+            page.get_by_role("option", name="scripted oracle").click()
+            page.get_by_label("Start with a mistake (optional)").fill("sleep 29.75")
+            page.get_by_role("button", name="▶ Run").click()
+            end = time.monotonic() + 60
+            while time.monotonic() < end and not (_sandbox_processes(marker) and run_dirs_of(server.pid)):
+                time.sleep(0.2)
+            assert _sandbox_processes(marker), "the command never started in a sandbox"
+            page.close()  # the browser session ends; nobody presses Stop
+            end = time.monotonic() + 20
+            while time.monotonic() < end and (run_dirs_of(server.pid) or _sandbox_processes(marker)):
+                time.sleep(0.2)
+            assert run_dirs_of(server.pid) == [], "sandbox left after the tab was closed"
+            assert _sandbox_processes(marker) == [], "the run went on after the tab was closed"
         finally:
             browser.close()

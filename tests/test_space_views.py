@@ -143,6 +143,8 @@ def test_validate_request_accepts_suite_task_and_defaults_instruction():
          "local task folders cannot be used"),
         (dict(task="hello-file", model="checkpoint", checkpoint=""), "no checkpoint given"),
         (dict(task="hello-file", model="checkpoint", checkpoint=str(REPO / "space")), "not a transformers checkpoint"),
+        (dict(task="hello-file", model="checkpoint", checkpoint="./no-such-ckpt"), "./no-such-ckpt: no such checkpoint"),
+        (dict(task="hello-file", model="checkpoint", checkpoint="runs/a/b"), "read as a Hub model id, which is ORG/NAME"),
         (dict(task="hello-file", model="endpoint", base_url="localhost:8000", endpoint_model="m"), "must start with http"),
         (dict(task="hello-file", model="gpt-9"), "unknown model choice"),
         (dict(task="hello-file", temperature=5), "temperature must be between 0 and 2"),

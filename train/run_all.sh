@@ -13,15 +13,19 @@
 #
 # Stages, in order. Each prints its progress and time, logs to RUN/logs/STAGE.log, and writes under RUN:
 #   setup          .venv, Debian packages, the sandbox's base image (scripts/setup.sh; instant once done)
-#   data           the recovery dataset: roll the policy out on the train tasks, find failure states, fork
-#                  recovery attempts, keep the verified ones, filter           -> RUN/data
+#   drills         (embedded default) the recovery drills: small learnable task families, each instance checked
+#                  (oracle passes, null agent and first mistake fail); train / test / test_ood splits -> RUN/drills
+#   data           the recovery dataset: failed attempts (the policy's own and the drills' first mistakes; 9B:
+#                  rollouts on the train tasks), snapshots of the state they left, recovery attempts from it,
+#                  the verified ones kept                                       -> RUN/data
 #   sft            SFT cold start on that dataset (TRL SFTTrainer)              -> RUN/sft
 #   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from the agent's own failure
 #                  states                                                       -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
-#   eval           base / SFT / standard GRPO / ReTerm-GRPO on the test split through Harbor: Pass@1 +-
-#                  stderr, recovery rate per error category                     -> RUN/eval
+#   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 and Recovery@1 on held-out drills (in- and
+#                  out-of-distribution) with 95% intervals and paired differences; 9B: Terminal-Bench 2.0
+#                  through Harbor                                               -> RUN/eval
 #   cards          dataset and model cards; `reterm publish` dry-run (or real, 9B with HUB_ORG) -> RUN/cards
 #   summary        the table of the four models, time and peak memory per stage -> RUN/summary.md, RUN/plots
 #
@@ -41,6 +45,8 @@ cd "$(dirname "$SELF")/.."       # everything runs from the repository root
 # torch's OpenMP threads spin while waiting for a core; beside sandboxes that makes CPU generation up to 5x
 # slower (bench/policies.py; tests/run.sh and the reterm command set the same)
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# LiteLLM (imported with Harbor) uses its bundled cost map instead of retrying a download when offline
+export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
@@ -61,7 +67,7 @@ EOF
 
 # ---------------------------------------------------------------------------------- command line
 RECIPE=smollm2-135m; SIZE=default; RUN=""; FROM=""; ONLY=(); FORCE=0; CHECK=0; DRY_RUN=0
-STAGES=(setup data sft grpo grpo-standard eval cards summary)
+STAGES=(setup drills data sft grpo grpo-standard eval cards summary)
 while [ $# -gt 0 ]; do
   case "$1" in --recipe|--size|--run-dir|--from|--only)
     if [ $# -lt 2 ] || [[ "$2" == --* ]]; then echo "run_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
@@ -161,32 +167,30 @@ else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 # epochs and GRPO steps), plus the evaluation's sizes (eval/configs/local.yaml is sized for a careful
 # evaluation, not for this budget).
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
-DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=()
+DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
-    # Why these overrides: the embedded default must finish in < 45 min on 2 idle cores (issue 11), set-up
-    # included, with about 5 min for SFT and for each GRPO run. The recipes keep their own sizes for the
-    # standalone runs of issues 6 and 7 (sft.yaml: 2 epochs; grpo.yaml: 10 steps, ~40 s a step, 7-8 min
-    # here), so the cuts are made here, on the command line, and show in the model card's recipe.
-    SFT_SIZE=(--num_train_epochs 1)            # ~7 optimiser steps of 2 records on the smoke dataset
-    GRPO_SIZE=(--max_steps 4 --save_steps 2)   # the same budget for both GRPO runs; a checkpoint to resume from
-    # eval: 4 models x 6 test tasks x 2 trials (2 trials: Pass@1 has a standard error) of at most 3 turns x 64
-    # tokens, + 4 recorded failure states x 2 turns each; the ci run measured 15-110 s a trial on a busy
-    # machine, so the full local.yaml sizes (9 tasks x 3 trials x 8 turns x 192 tokens) would take hours
-    EVAL_SIZE=(--trials 2 --max-tasks 6 --max-turns 3 --max-new-tokens 64 --max-states 4 --state-turns 2)
+    # The embedded default is sized for about an hour on 2 idle cores, set-up included (docs/REPRODUCING.md):
+    # 16 drill families x 34 instances (14 in distribution: ~8 held out each = >100 test items; 2 families
+    # held out whole), SFT for 80 optimiser steps of 2 records, 30 GRPO steps of one group of G=4 each.
+    DRILL_SIZE=(--per-family 34)
+    DATA_SIZE=(--own-tasks 64)
+    SFT_SIZE=(--max_steps 80)
+    GRPO_SIZE=(--max_steps 30 --save_steps 10)
+    EVAL_SIZE=(--own-items 24)
     ;;
 esac
 case "$SIZE" in
   default) ;;
   ci)
-    DATA_SIZE=(--set tasks.max_tasks=2 --set rollout.attempts=1 --set rollout.max_turns=2
-               --set rollout.policy_kwargs.max_new_tokens=48 --set injection.per_task=2 --set recovery.attempts=1)
-    SFT_SIZE=(--max_steps 1 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
+    DRILL_SIZE=(--per-family 3 --no-check)
+    DATA_SIZE=(--own-tasks 4 --max-tasks 12)
+    SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
               --eval_strategy no --eval_on_start false)
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
-    EVAL_SIZE=(--trials 1 --max-tasks 2 --max-turns 2 --max-new-tokens 32 --max-states 1 --state-turns 1)
+    EVAL_SIZE=(--max-id 4 --max-ood 2 --own-items 2 --k-max 2 --max-turns 2 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
@@ -221,9 +225,16 @@ else
   fi
 fi
 
-# 2. data: the recovery dataset (a Hub-layout folder: data/*.parquet, stats.json, report.md, plots/)
-WATCH=$DATA_CONFIG stage data "$RUN/data" -- "${DATA_WRAP[@]}" "$PY" -m pipeline.build --config "$DATA_CONFIG" --output "$RUN/data" \
-  "${DATA_ENDPOINTS[@]}" "${DATA_SIZE[@]}"
+# 2. drills and data: the recovery dataset (a Hub-layout folder: data/*.parquet, stats.json)
+DRILLS=$RUN/drills
+if [ "$RECIPE" = smollm2-135m ]; then
+  stage drills "$DRILLS" -- "$PY" -m reterm.cli tasks drills --out "$DRILLS" --seed 0 "${DRILL_SIZE[@]}"
+  stage data "$RUN/data" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$RUN/data" --policy smollm2 \
+    "${DATA_SIZE[@]}"
+else
+  WATCH=$DATA_CONFIG stage data "$RUN/data" -- "${DATA_WRAP[@]}" "$PY" -m pipeline.build --config "$DATA_CONFIG" \
+    --output "$RUN/data" "${DATA_ENDPOINTS[@]}" "${DATA_SIZE[@]}"
+fi
 
 # 3. SFT cold start on the recovery dataset (LoRA on the CPU; the checkpoint + merged/ for the harness)
 WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
@@ -231,22 +242,23 @@ WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --co
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
 
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget
+TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${GRPO_SIZE[@]}"
+  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
+  "${GRPO_SIZE[@]}"
 WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${GRPO_SIZE[@]}"
+  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
+  "${GRPO_SIZE[@]}"
 
-# 6. evaluation of the four models on the test split (Harbor jobs; results.json, report.md, PNGs)
+# 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)
 if [ "$RECIPE" = smollm2-135m ]; then
-  EVAL_CONFIG=$RUN/eval/config.yaml
-  if selected eval && [ "$DRY_RUN" = 0 ]; then      # the run's checkpoints as the four models of EVAL_BASE
-    "$PY" train/stages.py eval-config --run-dir "$RUN" --base "$EVAL_BASE" --out "$EVAL_CONFIG" "${EVAL_SIZE[@]}"
-  fi
-fi
-WATCH=$EVAL_CONFIG stage eval "$RUN/eval" -- "${EVAL_WRAP[@]}" "$PY" -m eval.run --config "$EVAL_CONFIG" \
-  --output "$RUN/eval"
-if [ "$DRY_RUN" = 1 ] && [ "$RECIPE" = smollm2-135m ] && selected eval; then
-  echo "  (its config is written first by: $PY train/stages.py eval-config --run-dir $RUN --base $EVAL_BASE --out $EVAL_CONFIG ${EVAL_SIZE[*]})"
+  ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
+  stage eval "$RUN/eval" -- "$PY" -m eval.drills --tasks "$DRILLS" --output "$RUN/eval" --model base=smollm2 \
+    --model "sft=hf:$ABS_RUN/sft/merged" --model "grpo-standard=hf:$ABS_RUN/grpo-standard/merged" \
+    --model "grpo-reterm=hf:$ABS_RUN/grpo-reterm/merged" "${EVAL_SIZE[@]}"
+else
+  WATCH=$EVAL_CONFIG stage eval "$RUN/eval" -- "${EVAL_WRAP[@]}" "$PY" -m eval.run --config "$EVAL_CONFIG" \
+    --output "$RUN/eval"
 fi
 
 # 7. cards, and publishing: a dry-run (the exact folders that would be uploaded) unless HUB_ORG is set

@@ -454,7 +454,7 @@ def eval_config(
                 ckpt = run_dir / sub
             if not (ckpt / "config.json").is_file():
                 raise ValueError(f"{run_dir / sub}: no checkpoint (config.json); run the {sub} stage first")
-            policy = f"hf:{_rel(ckpt)}"
+            policy = f"hf:{_path_spec(ckpt)}"
         models.append({"name": name, "agent": "reterm", "policy": policy, "kwargs": copy.deepcopy(kwargs)})
     data["models"] = models
     data["name"] = f"run_all-{run_dir.name}"
@@ -487,6 +487,13 @@ def _rel(path: Path) -> str:
     """``path`` relative to the repository root when it is inside it, else absolute."""
     p = Path(path).resolve()
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+def _path_spec(path: Path) -> str:
+    """:func:`_rel` written as a path for ``hf:`` policy specs (``./runs/...``; a bare relative name
+    would be read as a Hub id)."""
+    rel = _rel(path)
+    return rel if Path(rel).is_absolute() else f"./{rel}"
 
 
 # ---------------------------------------------------------------------------------- effective recipe
@@ -814,7 +821,7 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
     lines += ["", "## Where everything is", "",
               f"- dataset (Hub layout): `{rel}/data` (`datasets.load_dataset(\"{rel}/data\")`), report `{rel}/data/report.md`",
               f"- checkpoints: `{rel}/sft/merged`, `{rel}/grpo-standard/merged`, `{rel}/grpo-reterm/merged` "
-              f"(in the harness: `reterm run TASK --policy hf:{rel}/grpo-reterm/merged`)",
+              f"(in the harness: `reterm run TASK --policy hf:{_path_spec(run_dir / 'grpo-reterm' / 'merged')}`)",
               f"- evaluation: `{rel}/eval/results.json`, `{rel}/eval/report.md`, Harbor job folders `{rel}/eval/jobs/`",
               f"- cards and publishing dry-runs: `{rel}/cards/dataset`, `{rel}/cards/model`, `{rel}/cards/space`",
               f"- plots: `{rel}/plots/` ({', '.join(sorted(p.name for p in (run_dir / 'plots').glob('*.png'))) or 'none yet'})",

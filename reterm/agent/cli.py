@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("task", help="task folder (or the name of a folder under tasks/)")
     p.add_argument("--policy", default="smollm2",
-                   help="policy spec: smollm2 | hf:<path-or-hub-id> | openai:<model> | oracle (default smollm2)")
+                   help="policy spec: smollm2 | hf:<path-or-hub-id> (a path starts with /, . or ~; anything else is a "
+                   "Hub id) | a plain path | openai:<model> | oracle (default smollm2)")
     p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword for the policy (repeatable), e.g. base_url=http://127.0.0.1:8000/v1, "
                         "temperature=0.7")  # fmt: skip

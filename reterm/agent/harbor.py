@@ -13,8 +13,16 @@ Agent kwargs (``--ak KEY=VALUE``): ``policy`` (a :func:`reterm.policies.load_pol
 ``hf:<path-or-id>``, ``openai:<model>``, ``oracle``; default: Harbor's ``-m`` model name, else
 ``smollm2``), ``base_url`` (for ``openai:``), ``max_turns``, ``command_timeout`` (seconds),
 ``time_budget`` (seconds; default the task's ``[agent] timeout_sec`` less a margin so the episode ends
-before Harbor cancels it), ``max_consecutive_parse_errors``, ``policy_kwargs`` (a JSON object passed to
-the policy, e.g. sampling parameters).
+before Harbor cancels it), ``max_consecutive_parse_errors`` (default
+:data:`DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS`: the episode stops with stop reason ``parse_errors`` after
+that many replies in a row without a valid tool call; ``0`` never stops), ``progress`` (default true: one
+line per turn on stderr, ``[reterm] TASK turn K/N  S s  $ COMMAND``), ``policy_kwargs`` (a JSON object
+passed to the policy, e.g. sampling parameters).
+
+Offline, LiteLLM retries fetching its model-cost map for about 19 s per run (warnings after the
+results) unless ``LITELLM_LOCAL_MODEL_COST_MAP=True``: the kit's entry points (``reterm``,
+``train/run_all.sh``, ``eval.run``, the Space) set it, and so does importing this module (Harbor loads
+the agent before it imports LiteLLM), unless the caller chose a value.
 
 An episode in which the agent broke its sandbox (docs/SCORING.md) returns normally with
 ``broken_by_agent`` in the agent metadata, so the evaluation scores it as a failure although Harbor's
@@ -26,7 +34,10 @@ raised after the trajectory is written, so Harbor records them in ``result.json`
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +49,12 @@ from harbor.models.agent.context import AgentContext
 from reterm.agent.atif import AGENT_NAME, _version, write_trial_files
 from reterm.agent.episode import BROKEN_KEY, DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
 from reterm.trajectory import Step, Trajectory
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # see the module docstring
+
+# Replies in a row without a valid tool call after which an episode stops (stop reason "parse_errors"):
+# a model that cannot write the format would otherwise spend the task's whole agent timeout on it.
+DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS = 3
 
 # Seconds kept between the episode's own time budget and the task's agent timeout (Harbor's cut).
 BUDGET_MARGIN_S = 15.0
@@ -70,6 +87,21 @@ def _load_policy(spec: str, kwargs: dict[str, Any]) -> Any:
         return _POLICIES[key]
 
 
+def progress_line(task: str, step: Step, max_turns: int, elapsed_s: float) -> str:
+    """One turn as a progress line: ``[reterm] TASK turn K/N  S s (T s in all)  WHAT`` where S is the
+    turn's generation plus execution seconds and WHAT is ``$ COMMAND`` (first line, at most 100
+    characters), ``submit``, or ``parse error: OUTCOME``."""
+    if step.action is None:
+        what = f"parse error: {step.parse_error or 'unknown'}"
+    elif step.action.tool == "submit":
+        what = "submit"
+    else:
+        lines = (step.action.command or "").splitlines() or [""]
+        what = "$ " + lines[0][:100] + (" ..." if len(lines) > 1 or len(lines[0]) > 100 else "")
+    seconds = step.generation_s + step.execution_s
+    return f"[reterm] {task} turn {step.index + 1}/{max_turns}  {seconds:.1f} s ({elapsed_s:.0f} s in all)  {what}"
+
+
 class ReTermAgent(BaseAgent):
     """This kit's one harness as a Harbor ``BaseAgent`` (see the module docstring for the kwargs)."""
 
@@ -85,7 +117,8 @@ class ReTermAgent(BaseAgent):
         max_turns: int | str = DEFAULT_MAX_TURNS,
         command_timeout: float | str | None = None,
         time_budget: float | str | None = None,
-        max_consecutive_parse_errors: int | str | None = None,
+        max_consecutive_parse_errors: int | str | None = DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS,
+        progress: bool | str = True,
         policy_kwargs: dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -104,9 +137,16 @@ class ReTermAgent(BaseAgent):
         self.max_turns = int(max_turns)
         self.command_timeout = float(command_timeout) if command_timeout not in (None, "") else None
         self.time_budget = float(time_budget) if time_budget not in (None, "") else None
-        self.max_consecutive_parse_errors = (
-            int(max_consecutive_parse_errors) if max_consecutive_parse_errors not in (None, "") else None
-        )
+        limit = max_consecutive_parse_errors
+        limit = DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS if limit in (None, "") else int(limit)
+        if limit < 0:
+            raise ValueError(f"ReTermAgent: max_consecutive_parse_errors must be >= 0 (0: never stop), got {limit}")
+        self.max_consecutive_parse_errors = limit or None
+        if isinstance(progress, str):
+            if progress.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"ReTermAgent: progress must be true or false, got {progress!r}")
+            progress = progress.strip().lower() in ("true", "1", "yes")
+        self.progress = bool(progress)
         self.trajectory: Trajectory | None = None
         self.policy: Any = None
 
@@ -172,8 +212,13 @@ class ReTermAgent(BaseAgent):
             self.trajectory = trajs[0]
             write_trial_files(self.trajectory, self.logs_dir)
 
+        started = time.monotonic()
+
         def on_step(_: int, traj: Trajectory, step: Step) -> None:
             write_trial_files(traj, self.logs_dir)
+            if self.progress:
+                print(progress_line(task.name, step, self.max_turns, time.monotonic() - started),
+                      file=sys.stderr, flush=True)  # fmt: skip
 
         spec = EpisodeSpec(environment, task, instruction=instruction,
                            metadata={"session_id": self.session_id, "harbor_agent": True})  # fmt: skip

@@ -9,7 +9,8 @@ logging set-up cost more than a drill itself):
 - **mistake**: the task's ``[metadata] first_mistake`` run as one command, then the verifier:
   reward 0.0, the command's output (stdout + stderr) is not empty and contains ``mistake_signal``; a
   family with ``mistake_timeout_sec`` (a hang) must still be running when that time is up, every other
-  family's mistake must return on its own.
+  family's mistake must return on its own. Then, in the same sandbox, ``[metadata] recovery`` (the
+  commands that finish the task from the state the mistake left) and the verifier again: reward 1.0.
 
 The mistake's step is also labelled by the kit's rule classifier (:func:`reterm.recovery.classify_step`)
 into ``mistake_label``; ``label_agrees`` says whether that is the family's category (``none`` for the
@@ -48,6 +49,7 @@ class DrillCheck:
     oracle_reward: float | None = None
     null_reward: float | None = None
     mistake_reward: float | None = None
+    recovery_reward: float | None = None
     mistake_output: str = ""
     mistake_timed_out: bool = False
     expect_hang: bool = False
@@ -81,6 +83,8 @@ class DrillCheck:
             out.append(f"null reward {self.null_reward} (want 0.0)")
         if self.mistake_reward != 0.0:
             out.append(f"reward after the first mistake {self.mistake_reward} (want 0.0)")
+        if self.recovery_reward != 1.0:
+            out.append(f"reward after the first mistake and the recovery {self.recovery_reward} (want 1.0)")
         if not self.mistake_output.strip():
             out.append("the first mistake printed nothing")
         elif not self.signal_seen:
@@ -121,9 +125,10 @@ async def check_drill(task_dir: Path | str) -> DrillCheck:
     result.category = (meta.get("error_categories") or [""])[0]
     mistake, signal = meta.get("first_mistake"), meta.get("mistake_signal", "")
     hang_s = meta.get("mistake_timeout_sec")
+    recovery = meta.get("recovery") or []
     result.expect_hang = hang_s is not None
-    if not mistake:
-        result.problems.append("task.toml: [metadata] first_mistake is missing")
+    if not mistake or not recovery:
+        result.problems.append("task.toml: [metadata] first_mistake or recovery is missing")
         return result
 
     async def oracle() -> None:
@@ -151,10 +156,14 @@ async def check_drill(task_dir: Path | str) -> DrillCheck:
                                              timed_out=result.mistake_timed_out))  # fmt: skip
             result.mistake_label = label.label.value
             result.mistake_reward = await _verify(env, task_dir)
+            await env.exec("\n".join(recovery), timeout_sec=SOLUTION_TIMEOUT_SEC)
+            result.recovery_reward = await _verify(env, task_dir)
 
     try:
         await oracle()  # builds (or finds) the task's layer once; the other two reuse it
-        await asyncio.gather(null(), first_mistake())
+        for outcome in await asyncio.gather(null(), first_mistake(), return_exceptions=True):
+            if isinstance(outcome, Exception):  # both runs finished (and stopped their sandboxes) first
+                raise outcome
     except Exception as exc:  # build, start or verifier faults: infrastructure, not a reward
         result.error = f"{type(exc).__name__}: {exc}"
     result.wall_s = time.monotonic() - t0

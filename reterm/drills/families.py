@@ -547,6 +547,7 @@ def strip_components(rng: random.Random) -> Drill:
                 _content_is(f"{dest}/etc/{name}.conf", conf),
                 Check(f"[ ! -e {dest}/{top} ]", f"{dest}/{top} exists (the top-level folder was not dropped)")],
         solution=[f"tar -xzf {archive} -C {dest} --strip-components=1"],
+        recovery=[f"rm -rf {dest}/{top}", f"tar -xzf {archive} -C {dest} --strip-components=1"],
         first_mistake=f"tar -xzvf {archive} -C {dest}", mistake_signal=f"{top}/bin/{name}",
         tags=["tar", "archives"],
     )  # fmt: skip

@@ -6,7 +6,7 @@ with SHA-512 by Python, so they give the same stream on every machine and run). 
 
     <out>/<family>-<index:03d>/
       task.toml            [task] name "drills/<family>-<index:03d>"; [metadata] tier, family, error_categories,
-                           first_mistake, mistake_signal, drill_split, drill_seed, drill_index, difficulty, ...
+                           first_mistake, mistake_signal, recovery, drill_split, drill_seed, drill_index, ...
       instruction.md
       environment/Dockerfile, environment/files/...   FROM debian:bookworm-slim, COPY files/ /, RUN ...
       tests/test.sh        plain bash checks, writes /logs/verifier/reward.txt (1 or 0)
@@ -94,6 +94,7 @@ def task_toml(drill: Drill, *, name: str, split: str, seed: int, index: int) -> 
         "[metadata]", f'tier = "{TIER}"', f"family = {_toml_str(drill.family)}", 'difficulty = "easy"',
         f"category = {_toml_str(drill.topic)}", f"error_categories = {_toml_list([drill.category])}",
         f"first_mistake = {_toml_str(drill.first_mistake)}", f"mistake_signal = {_toml_str(drill.mistake_signal)}",
+        f"recovery = {_toml_list(drill.recovery_commands)}",
     ]  # fmt: skip
     if drill.mistake_timeout_s is not None:
         lines.append(f"mistake_timeout_sec = {float(drill.mistake_timeout_s)}")

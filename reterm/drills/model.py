@@ -55,6 +55,8 @@ class Drill:
         mistake_timeout_s: seconds after which the first mistake counts as hanging (timeout_hang
             families: the mistake never returns on its own).
         test_files: more files of the verifier (``tests/<name>``: text), e.g. hidden checks.
+        recovery: the commands (1 to 4) that finish the task from the state the first mistake leaves;
+            ``None``: the solution does (see :attr:`recovery_commands`).
     """
 
     family: str
@@ -70,6 +72,7 @@ class Drill:
     run: list[str] = field(default_factory=list)
     mistake_timeout_s: float | None = None
     test_files: dict[str, str] = field(default_factory=dict)
+    recovery: list[str] | None = None
 
     def __post_init__(self) -> None:
         cat = parse_category(self.category)
@@ -77,9 +80,17 @@ class Drill:
             raise ValueError(f"drill family {self.family}: {self.category!r} is not a failure category")
         if not 1 <= len(self.solution) <= 4:
             raise ValueError(f"drill family {self.family}: solution has {len(self.solution)} commands (1 to 4)")
+        if self.recovery is not None and not 1 <= len(self.recovery) <= 4:
+            raise ValueError(f"drill family {self.family}: recovery has {len(self.recovery)} commands (1 to 4)")
         for path in self.files:
             if not path.startswith("/") or ".." in path.split("/"):
                 raise ValueError(f"drill family {self.family}: environment path {path!r} is not absolute and clean")
+
+
+    @property
+    def recovery_commands(self) -> list[str]:
+        """The reference recovery after the first mistake: :attr:`recovery`, else the solution."""
+        return list(self.recovery if self.recovery is not None else self.solution)
 
 
 @dataclass(frozen=True)

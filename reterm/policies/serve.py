@@ -17,16 +17,30 @@ kit; it uses FastAPI and uvicorn (installed with gradio).
 
 API (the subset agents use, vLLM-compatible where OpenAI's is silent):
 - ``GET /health`` (``status`` plus counts of requests, conversations and generate batches), ``GET /v1/models``.
-- ``POST /v1/chat/completions``: ``messages``, ``tools`` (rendered by the chat template; ``tool_choice:
-  "none"`` leaves them out), ``temperature``, ``top_p``, ``max_completion_tokens``/``max_tokens``,
-  ``n``, ``logprobs``, ``chat_template_kwargs`` and ``return_token_ids`` (vLLM extensions: the response
-  then has ``prompt_token_ids`` and each choice ``token_ids``). Any ``model`` name is accepted (one
-  model is served). The reply's ``content`` is the model's raw text with its tool-call markup, as vLLM
-  returns it without ``--enable-auto-tool-choice``; no structured ``tool_calls`` are produced.
-  ``stream: true`` is refused (400). A prompt longer than the context gets vLLM's 400 "maximum
-  context length" error. ``seed`` is ignored (requests share batches).
+- ``POST /v1/chat/completions``: ``messages``, ``tools`` (rendered by the chat template), ``tool_choice``
+  (``"auto"``, the default, or ``"none"``: the tools are left out of the prompt and the reply is plain
+  text; ``"required"`` and named functions are refused with a 400, as the reply cannot be forced),
+  ``temperature``, ``top_p``, ``max_completion_tokens``/``max_tokens``, ``n``, ``logprobs``,
+  ``stream`` (with ``stream_options.include_usage``), ``chat_template_kwargs`` and ``return_token_ids``
+  (vLLM extensions: the response then has ``prompt_token_ids`` and each choice ``token_ids``). Any
+  ``model`` name is accepted (one model is served). ``seed`` is ignored (requests share batches).
+- Tool calls: when the request offers tools, each reply is read with the kit's own parser
+  (:func:`reterm.agent.protocol.parse_action`, Hermes JSON and Qwen3.5 calls). A reply that holds a
+  valid call of an offered tool comes back as ``message.tool_calls`` (one call, a unique ``call_...``
+  id, ``arguments`` a JSON string; the protocol runs one call per turn, so only the first of several
+  calls is returned), ``content`` = the text outside the call (``None`` when empty) and
+  ``finish_reason: "tool_calls"``. Any other reply (prose, a malformed call, a tool the request did
+  not offer) is returned as text content with the model's own ``finish_reason``.
+- Streaming: the reply is generated whole, then sent as server-sent events in the OpenAI chunk shape
+  (a role chunk, one content and/or tool-call delta per choice, a finish chunk, an optional usage
+  chunk, ``data: [DONE]``); no token-by-token latency gain.
+- Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. A prompt longer than
+  the context gets vLLM's 400 "maximum context length" error.
 - Requests that arrive within ``--batch-wait-ms`` of each other and share sampling parameters and tools
   are generated as one batch (up to ``--max-batch`` conversations).
+
+:class:`Server` serves any :class:`~reterm.policies.base.Policy` (a scripted one too); sampling,
+logprobs and chat-template settings apply to policies that have them.
 """
 
 import argparse
@@ -57,7 +71,40 @@ def served_name(model: str) -> str:
 
 
 class RequestError(ValueError):
-    """A bad request (answered with HTTP 400)."""
+    """A bad request (answered with HTTP 400); ``param`` names the offending request field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def tool_call_message(text: str, tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], bool]:
+    """The OpenAI ``message`` for one reply text, and whether it holds a tool call.
+
+    With ``tools`` (the request's tool schemas), ``text`` is parsed with
+    :func:`reterm.agent.protocol.parse_action`; a valid call of a tool named in ``tools`` becomes
+    ``tool_calls=[{"id": "call_<24 hex>", "type": "function", "function": {"name", "arguments"}}]``
+    (``arguments`` a JSON string) with ``content`` = the text outside the call or ``None``. Otherwise
+    (no tools, no valid call, a tool not offered) ``content`` is ``text`` and ``tool_calls`` is ``None``.
+    """
+    from reterm.agent.protocol import parse_action
+
+    plain = {"role": "assistant", "content": text, "tool_calls": None}
+    if not tools:
+        return plain, False
+    offered = {(t.get("function") or t).get("name") for t in tools if isinstance(t, dict)}
+    parsed = parse_action(text)
+    if not parsed.ok or parsed.action is None or parsed.action.tool not in offered:
+        return plain, False
+    action = parsed.action
+    args: dict[str, Any] = {}
+    if action.tool == "bash":
+        args["command"] = action.command or ""
+        if action.timeout is not None:
+            args["timeout"] = action.timeout
+    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": action.tool, "arguments": json.dumps(args, ensure_ascii=False)}}  # fmt: skip
+    return {"role": "assistant", "content": parsed.message_content or None, "tool_calls": [call]}, True
 
 
 @dataclass
@@ -84,8 +131,8 @@ class Server:
     def __init__(self, policy: Any, name: str, max_batch: int = 16, batch_wait_s: float = 0.01) -> None:
         self.policy, self.name = policy, name
         self.max_batch, self.batch_wait_s = max(1, max_batch), batch_wait_s
-        self.default_sampling: SamplingParams = policy.sampling
-        self.default_template_kwargs = dict(policy.chat_template_kwargs)
+        self.default_sampling: SamplingParams = getattr(policy, "sampling", None) or SamplingParams()
+        self.default_template_kwargs = dict(getattr(policy, "chat_template_kwargs", None) or {})
         self.stats = {"requests": 0, "conversations": 0, "batches": 0}
         self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task | None = None
@@ -122,9 +169,10 @@ class Server:
 
     def _generate(self, group: list[_Job]) -> list[Generation]:
         first = group[0]
-        self.policy.sampling = first.sampling
-        self.policy.return_logprobs = first.logprobs
-        self.policy.chat_template_kwargs = first.template_kwargs
+        for attr, value in (("sampling", first.sampling), ("return_logprobs", first.logprobs),
+                            ("chat_template_kwargs", first.template_kwargs)):  # fmt: skip
+            if hasattr(self.policy, attr):
+                setattr(self.policy, attr, value)
         batch = [conv for job in group for conv in job.conversations]
         self.stats["requests"] += len(group)
         self.stats["conversations"] += len(batch)
@@ -144,15 +192,16 @@ class Server:
         """Validate a chat-completions request body into a job. Raises :class:`RequestError`."""
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
-        if body.get("stream"):
-            raise RequestError("stream=true is not supported by reterm serve; send stream=false")
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not isinstance(stream_options, dict):
+            raise RequestError("`stream_options` must be an object", "stream_options")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
                                                                       for m in messages):  # fmt: skip
-            raise RequestError("`messages` must be a non-empty list of objects with a `role`")
+            raise RequestError("`messages` must be a non-empty list of objects with a `role`", "messages")
         n = body.get("n") or 1
         if not isinstance(n, int) or not 1 <= n <= MAX_N:
-            raise RequestError(f"`n` must be an integer in [1, {MAX_N}], got {n!r}")
+            raise RequestError(f"`n` must be an integer in [1, {MAX_N}], got {n!r}", "n")
         d = self.default_sampling
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or d.max_new_tokens
         try:
@@ -165,33 +214,40 @@ class Server:
         except (TypeError, ValueError) as exc:
             raise RequestError(f"bad sampling parameter: {exc}") from exc
         tools = body.get("tools") or None
-        if body.get("tool_choice") == "none":
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise RequestError("`tools` must be a list of tool objects", "tools")
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            raise RequestError(f"tool_choice {json.dumps(choice)} is not supported by reterm serve (a reply cannot "
+                               "be forced to call a tool); send \"auto\" or \"none\"", "tool_choice")  # fmt: skip
+        if choice == "none":
             tools = None
-        if tools is not None and not isinstance(tools, list):
-            raise RequestError("`tools` must be a list")
         template_kwargs = dict(self.default_template_kwargs)
         extra = body.get("chat_template_kwargs") or {}
         if not isinstance(extra, dict):
-            raise RequestError("`chat_template_kwargs` must be an object")
+            raise RequestError("`chat_template_kwargs` must be an object", "chat_template_kwargs")
         template_kwargs.update(extra)
         logprobs = bool(body.get("logprobs"))
         key = (sampling, logprobs, json.dumps(template_kwargs, sort_keys=True), json.dumps(tools, sort_keys=True))
         loop = asyncio.get_running_loop()
         return _Job(key, sampling, logprobs, template_kwargs, tools, [messages] * n, loop.create_future())
 
-    def response(self, body: dict[str, Any], generations: list[Generation]) -> dict[str, Any]:
-        """The ChatCompletion JSON for a request's generations."""
-        tok = self.policy.tokenizer
+    def response(self, body: dict[str, Any], generations: list[Generation],
+                 tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+        """The ChatCompletion JSON for a request's generations (``tools``: the tools the prompt offered;
+        see :func:`tool_call_message`)."""
+        tok = getattr(self.policy, "tokenizer", None)
         want_ids = bool(body.get("return_token_ids"))
         choices = []
         for i, g in enumerate(generations):
+            message, called = tool_call_message(g.text, tools)
             choice: dict[str, Any] = {
                 "index": i,
-                "message": {"role": "assistant", "content": g.text, "tool_calls": None},
-                "finish_reason": g.finish_reason,
+                "message": message,
+                "finish_reason": "tool_calls" if called else g.finish_reason,
                 "logprobs": None,
             }
-            if g.logprobs is not None and g.token_ids is not None:
+            if g.logprobs is not None and g.token_ids is not None and tok is not None:
                 content = []
                 for tid, lp in zip(g.token_ids, g.logprobs):
                     piece = tok.decode([tid], skip_special_tokens=False)
@@ -215,15 +271,42 @@ class Server:
             out["prompt_token_ids"] = generations[0].extra.get("prompt_token_ids")
         return out
 
+    @staticmethod
+    def stream_chunks(completion: dict[str, Any], include_usage: bool = False) -> list[dict[str, Any]]:
+        """A whole ChatCompletion as the ``chat.completion.chunk`` objects of a stream: per choice a role
+        chunk, a content and/or tool-call delta (each call with its ``index``), a finish chunk; then,
+        with ``include_usage``, a chunk without choices carrying ``usage``."""
+        head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+                "model": completion["model"]}  # fmt: skip
+        chunks: list[dict[str, Any]] = []
+        for choice in completion["choices"]:
+            i, message = choice["index"], choice["message"]
+            chunks.append({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]})  # fmt: skip
+            delta: dict[str, Any] = {}
+            if message.get("content"):
+                delta["content"] = message["content"]
+            if message.get("tool_calls"):
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+            if delta:
+                chunks.append({**head, "choices": [{"index": i, "delta": delta, "logprobs": choice.get("logprobs"),
+                                                    "finish_reason": None}]})  # fmt: skip
+            chunks.append({**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                                "finish_reason": choice["finish_reason"]}]})  # fmt: skip
+        if include_usage:
+            chunks.append({**head, "choices": [], "usage": completion["usage"]})
+        return chunks
+
     def app(self):
         """The FastAPI application."""
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
 
         app = FastAPI(title="reterm serve", version="1")
 
-        def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-            return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+        def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+            return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                                status_code=status)  # fmt: skip
 
         @app.get("/health")
         async def health() -> dict[str, Any]:
@@ -232,7 +315,7 @@ class Server:
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "reterm",
-                                                "max_model_len": self.policy.max_context}]}  # fmt: skip
+                                                "max_model_len": getattr(self.policy, "max_context", None)}]}  # fmt: skip
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
@@ -243,14 +326,23 @@ class Server:
             try:
                 job = self.parse(body)
                 generations = await self.submit(job)
-            except (RequestError, ValueError, TypeError, KeyError) as exc:
+            except RequestError as exc:
+                return error(400, str(exc), param=exc.param)
+            except (ValueError, TypeError, KeyError) as exc:
                 return error(400, f"{type(exc).__name__}: {exc}")
             except Exception as exc:  # a fault of the server itself
                 return error(500, f"{type(exc).__name__}: {exc}", "server_error")
             if generations and generations[0].finish_reason == FINISH_CONTEXT_LENGTH:
                 return error(400, f"This model's maximum context length is {self.policy.max_context} tokens. "
-                             f"However, your messages resulted in {generations[0].prompt_tokens} tokens.")  # fmt: skip
-            return self.response(body, generations)
+                             f"However, your messages resulted in {generations[0].prompt_tokens} tokens.",
+                             param="messages")  # fmt: skip
+            completion = self.response(body, generations, job.tools)
+            if not body.get("stream"):
+                return completion
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = [f"data: {json.dumps(c)}\n\n" for c in self.stream_chunks(completion, include_usage)]
+            events.append("data: [DONE]\n\n")
+            return StreamingResponse(iter(events), media_type="text/event-stream")
 
         return app
 
@@ -262,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a local model behind an OpenAI-compatible /v1/chat/completions API "
         "(for Harbor's Terminus-2 via litellm hosted_vllm/NAME, or any OpenAI client).",
     )
-    p.add_argument("model", help="'smollm2' (the embedded default), a local checkpoint folder or a Hub id "
-                   "(an 'hf:' prefix is accepted)")  # fmt: skip
+    p.add_argument("model", help="'smollm2' (the embedded default), a local checkpoint folder written as a path "
+                   "(/..., ./..., ~/...) or a Hub id (org/name); an 'hf:' prefix is accepted")  # fmt: skip
     p.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
     p.add_argument("--served-model-name", help="name reported to clients (default: derived from MODEL)")
@@ -286,9 +378,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import uvicorn
 
+    from reterm.policies import resolve_hf_model
     from reterm.policies.transformers_policy import TransformersPolicy
 
-    model = args.model.removeprefix("hf:")
+    ref = args.model.strip().removeprefix("hf:")
+    try:
+        model = resolve_hf_model(ref)
+    except ValueError as exc:
+        print(f"reterm serve: {exc}", file=sys.stderr)
+        return 2
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     print(f"[reterm serve] loading {model} ...", file=sys.stderr, flush=True)
     policy = TransformersPolicy(
@@ -296,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens),
         enable_thinking=thinking,
     )  # fmt: skip
-    name = args.served_model_name or served_name(model)
+    name = args.served_model_name or served_name(ref)
     server = Server(policy, name, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000)
     base = f"http://{args.host}:{args.port}/v1"
     info = json.dumps({"max_input_tokens": policy.max_context, "max_output_tokens": args.max_new_tokens,

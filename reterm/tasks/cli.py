@@ -104,7 +104,7 @@ def _drills(args: argparse.Namespace) -> int:
     write_json_atomic(Path(args.out) / "drills-check.json", report)
     bad = [r for r in results if not r.ok]
     print(f"check: {report['n_ok']}/{len(results)} drills sound (oracle 1.0, null 0.0, first mistake 0.0 with its "
-          f"error shown) in {wall:.1f} s: {report['instances_per_s']:.2f} instances/s "
+          f"error shown, then the recovery 1.0) in {wall:.1f} s: {report['instances_per_s']:.2f} instances/s "
           f"({Path(args.out) / 'drills-check.json'})")  # fmt: skip
     disagree = sorted({(r.family, r.category, r.mistake_label) for r in results if r.ok and not r.label_agrees})
     print(f"the rule classifier labels {report['n_label_agrees']}/{len(results)} first mistakes as their family's category"
@@ -138,7 +138,8 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("drills", help="generate recovery drills (small learnable tasks) and check them")
     p.add_argument("--out", required=True, help="output folder (one task folder per drill, plus splits.json)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
-    p.add_argument("--per-family", type=int, default=20, help="instances per family (default 20)")
+    p.add_argument("--per-family", type=int, default=40, help="instances per family (default 40: with the other "
+                   "defaults 450 train, 150 test, 80 test_ood)")  # fmt: skip
     p.add_argument("--families", help="comma-separated families to generate (default: all)")
     p.add_argument("--ood-families", help="comma-separated families held out whole as test_ood "
                    "(default: cwd-relative,sqlite-schema; an empty string holds out none)")  # fmt: skip
