@@ -31,6 +31,36 @@ def test_budget_is_derived_from_the_machine():
     assert usage["pids_max"] == budget.pids and usage["memory_limit_bytes"] <= budget.memory_bytes
 
 
+def test_more_sandboxes_than_the_default_share_all_start_and_share_the_pids():
+    """12 sandboxes at once (more than the 8 the default limit is sized for): none waits, their pids
+    limits are lowered to a fair share that adds up to the budget at most, and given back at stop."""
+    from reterm.sandbox.box import live_boxes
+
+    n = 12
+
+    async def main():
+        envs = [LocalEnvironment.for_task(TASK) for _ in range(n)]
+        await asyncio.gather(*(e.start(force_build=False) for e in envs))
+        try:
+            mine = [e.box for e in envs]
+            limits = [e.sandbox_health().pids_max for e in envs]
+            running = len([b for b in live_boxes() if b.cgroups is not None])
+            assert all(b.pids_max == limit for b, limit in zip(mine, limits))
+            assert sum(b.pids_max for b in live_boxes() if b.cgroups is not None) <= host_budget().pids
+            assert all(limit == min(default_pids_max(), host_budget().pids // running) for limit in limits), limits
+            assert (await envs[-1].exec("echo ok")).stdout == "ok\n"
+        finally:
+            await asyncio.gather(*(e.stop(delete=True) for e in envs[1:]))
+        try:
+            assert envs[0].sandbox_health().pids_max == default_pids_max()  # the others' shares came back
+        finally:
+            await envs[0].stop(delete=True)
+        return limits
+
+    limits = asyncio.run(main())
+    print(json.dumps({"sandboxes": n, "pids_max_each": limits[0], "budget_pids": host_budget().pids}))
+
+
 @pytest.mark.slow
 def test_a_group_of_fork_bombs_leaves_the_host_able_to_start_processes():
     async def main():

@@ -71,7 +71,7 @@ SANDBOX_CAPS: tuple[str, ...] = (
     "CAP_AUDIT_WRITE",
 )  # fmt: skip
 
-# Admission against the host budget (Box._admit).
+# Admission against the host budget (Box._admit, _share_pids).
 ADMISSION_TIMEOUT_S = 120.0
 MIN_SANDBOX_PIDS = 256
 MIN_SANDBOX_MEMORY_MB = 256
@@ -83,11 +83,35 @@ MAX_DEFAULT_PIDS = 4096
 def default_pids_max() -> int:
     """The default pids limit of a sandbox: the host budget's pids over :data:`SANDBOXES_PER_BUDGET`,
     at most :data:`MAX_DEFAULT_PIDS` and at least :data:`MIN_SANDBOX_PIDS` (3072 on a host with
-    ``kernel.pid_max`` 32768)."""
+    ``kernel.pid_max`` 32768). With more sandboxes running, :func:`_share_pids` lowers it further."""
     pids = host_budget().pids
     if not pids:
         return MAX_DEFAULT_PIDS
     return max(MIN_SANDBOX_PIDS, min(MAX_DEFAULT_PIDS, pids // SANDBOXES_PER_BUDGET))
+
+
+def _share_pids() -> None:
+    """Give every running sandbox of this process a fair share of the budget's pids.
+
+    Each sandbox's pids limit is its request (``BoxSpec.pids_max``), at most the budget over the
+    number of running sandboxes, at least :data:`MIN_SANDBOX_PIDS`; limits are rewritten as
+    sandboxes start and stop. So the limits add up to the budget at most (beyond
+    ``budget / MIN_SANDBOX_PIDS`` sandboxes the floor wins and the budget's own cgroup limit still
+    holds the total), and fork bombs in some sandboxes cannot take the others' processes. A limit
+    lowered below what a sandbox runs only stops its new forks.
+    """
+    budget = open_budget()
+    total = budget.usage().get("pids_max") if budget is not None else None
+    with _live_lock:
+        boxes = [b for b in _live.values() if b.cgroups is not None and b.spec.pids_max]
+        share = total // max(1, len(boxes)) if total else None
+        for b in boxes:
+            grant = b.spec.pids_max if share is None else max(MIN_SANDBOX_PIDS, min(b.spec.pids_max, share))
+            if grant != b.pids_max or not b._pids_written:
+                with contextlib.suppress(OSError):
+                    b.cgroups.set_limits(memory_bytes=None, pids_max=grant, cpus=None)
+                    b._pids_written = True
+                b.pids_max = grant
 
 
 def budget_usage() -> dict[str, int | None]:
@@ -389,7 +413,8 @@ class Box:
         self._close_lock = threading.Lock()
         self.on_close: list[Callable[[], None]] = []
         self.started_at = time.time()
-        self.pids_max: int | None = spec.pids_max  # as admitted (:meth:`_admit`)
+        self.pids_max: int | None = spec.pids_max  # as granted (:func:`_share_pids`)
+        self._pids_written = False
 
     # ------------------------------------------------------------------------------- start
     @classmethod
@@ -607,43 +632,30 @@ class Box:
         """Admit this sandbox against the host budget (:func:`reterm.sandbox.cgroups.host_budget`);
         returns the pids limit it gets.
 
-        Pids are reserved: the limits of this process's running sandboxes never add up to more than
-        the budget, so fork bombs in some cannot starve the others; a request larger than what is
-        left gets what is left if that is at least :data:`MIN_SANDBOX_PIDS`. Memory is admitted by
-        use: the budget's free memory must hold :data:`MIN_SANDBOX_MEMORY_MB`. Both wait up to
-        :data:`ADMISSION_TIMEOUT_S` for running sandboxes to end.
+        Memory is admitted by use: the budget's free memory must hold :data:`MIN_SANDBOX_MEMORY_MB`,
+        else the start waits up to :data:`ADMISSION_TIMEOUT_S` for sandboxes to end. Pids are shared
+        fairly (:func:`_share_pids`): never waiting, so a group that starts together always starts.
 
         Raises:
-            SandboxError: the budget stayed too full (an infrastructure fault; nothing was started).
+            SandboxError: the budget's memory stayed full (an infrastructure fault; nothing was started).
         """
-        spec = self.spec
         budget = open_budget()
-        usage = budget.usage() if budget is not None else {}
-        total_pids = usage.get("pids_max")
         deadline = time.monotonic() + ADMISSION_TIMEOUT_S
-        while True:
-            usage = budget.usage() if budget is not None else {}
+        while budget is not None:
+            usage = budget.usage()
             mem_limit, mem_used = usage.get("memory_limit_bytes"), usage.get("memory_bytes")
-            mem_ok = not (mem_limit and mem_used is not None) or mem_limit - mem_used >= MIN_SANDBOX_MEMORY_MB * 2**20
-            with _live_lock:
-                reserved = sum(b.pids_max or 0 for b in _live.values() if b is not self)
-                want = spec.pids_max
-                if not total_pids or not want:
-                    grant, pids_ok = want, True
-                else:
-                    room = total_pids - reserved
-                    grant, pids_ok = min(want, room), room >= min(want, MIN_SANDBOX_PIDS)
-                if mem_ok and pids_ok:
-                    self.pids_max = grant
-                    _live[self.id] = self
-                    return grant
+            if not (mem_limit and mem_used is not None) or mem_limit - mem_used >= MIN_SANDBOX_MEMORY_MB * 2**20:
+                break
             if time.monotonic() > deadline:
                 raise SandboxError(
                     f"the host budget for sandboxes stayed full for {ADMISSION_TIMEOUT_S:g} s: "
-                    f"{reserved} of {total_pids} pids reserved by running sandboxes, "
-                    f"{(mem_used or 0) >> 20} of {(mem_limit or 0) >> 20} MiB in use. Nothing was started."
+                    f"{mem_used >> 20} of {mem_limit >> 20} MiB in use. Nothing was started."
                 )
             time.sleep(0.1)
+        with _live_lock:
+            _live[self.id] = self
+        _share_pids()
+        return self.pids_max
 
     def _write_state(self) -> None:
         state = {
@@ -994,6 +1006,8 @@ class Box:
         finally:
             with _live_lock:
                 _live.pop(self.id, None)
+            with contextlib.suppress(Exception):
+                _share_pids()  # its share goes back to the others
 
 
 async def _wait_exit(proc: asyncio.subprocess.Process) -> int:
