@@ -94,7 +94,7 @@ def _share_pids() -> None:
     """Give every running sandbox of this process a fair share of the budget's pids.
 
     Each sandbox's pids limit is its request (``BoxSpec.pids_max``), at most the budget over the
-    number of running sandboxes, at least :data:`MIN_SANDBOX_PIDS`; limits are rewritten as
+    number of running sandboxes (a share of at least :data:`MIN_SANDBOX_PIDS`); limits are rewritten as
     sandboxes start and stop. So the limits add up to the budget at most (beyond
     ``budget / MIN_SANDBOX_PIDS`` sandboxes the floor wins and the budget's own cgroup limit still
     holds the total), and fork bombs in some sandboxes cannot take the others' processes. A limit
@@ -106,7 +106,7 @@ def _share_pids() -> None:
         boxes = [b for b in _live.values() if b.cgroups is not None and b.spec.pids_max]
         share = total // max(1, len(boxes)) if total else None
         for b in boxes:
-            grant = b.spec.pids_max if share is None else max(MIN_SANDBOX_PIDS, min(b.spec.pids_max, share))
+            grant = b.spec.pids_max if share is None else min(b.spec.pids_max, max(MIN_SANDBOX_PIDS, share))
             if grant != b.pids_max or not b._pids_written:
                 with contextlib.suppress(OSError):
                     b.cgroups.set_limits(memory_bytes=None, pids_max=grant, cpus=None)
