@@ -117,13 +117,13 @@ def _share_pids() -> None:
 def budget_usage() -> dict[str, int | None]:
     """What all sandboxes of the host budget use now (:meth:`reterm.sandbox.cgroups.Cgroups.usage` of
     the budget's parent cgroup: ``pids``, ``pids_max``, ``memory_bytes``, ``memory_limit_bytes``...),
-    plus ``pids_reserved`` by this process's running sandboxes; ``{}`` without cgroups."""
+    plus ``pids_granted`` by this process's running sandboxes; ``{}`` without cgroups."""
     budget = open_budget()
     if budget is None:
         return {}
     out = budget.usage()
     with _live_lock:
-        out["pids_reserved"] = sum(b.pids_max or 0 for b in _live.values())
+        out["pids_granted"] = sum(b.pids_max or 0 for b in _live.values())
     return out
 
 
