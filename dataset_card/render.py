@@ -42,13 +42,18 @@ TAGS = ["agent", "terminal", "tool-use", "error-recovery", "trajectories", "sft"
 # What each column holds (the card's schema table). Kept next to the card; a test checks that every
 # column of reterm.records.FEATURES is described here.
 COLUMN_DOCS: dict[str, str] = {
-    "id": "stable content hash of the record (identical records share it)",
+    "id": "`<task_id>:<first 16 hex digits of trajectory_sha256>` (the release's id; identical records share it)",
     "task_id": "id of the terminal task the episode ran on",
     "task_license": "licence of the task's source collection",
     "instruction": "the task instruction given to the agent",
     "messages": "the whole conversation: system, user instruction, assistant tool calls, tool observations",
     "tools": "JSON of the tool schemas the conversation used (`bash`, `submit`)",
-    "train_from_message_index": "index in `messages` of the first assistant message of the recovery",
+    "train_from_message_index": "index in `messages` of the first assistant message trained on (the recovery's first)",
+    "target_attempt_index": "the attempt trained on: 2 = a second attempt in the state a failed first attempt left "
+                            "(the release's protocol), 1 = a recovery inside the same attempt",
+    "trajectory_sha256": "SHA-256 of `messages` as canonical JSON (docs/PROTOCOL.md)",
+    "prompt_version": "version of the kit's system prompt and tool schema the conversation used",
+    "family": "the recovery drill's family, for drill tasks; else empty",
     "failure_step": "index (0-based) of the failing step among the agent's steps",
     "failure_category": "error category of the failing step (ReTerm taxonomy id)",
     "failure_source": "`own` (the policy's own failure) or `injected` (a perturbed prefix)",

@@ -18,7 +18,7 @@ For each model (greedy decoding, the kit's one harness and prompt):
 
 Every rate is ``{"value", "ci95", "n"}`` (Wilson, :mod:`reterm.stats`); every difference between two models
 on the same items is a paired bootstrap interval. Infrastructure faults are counted apart and leave the
-denominators. Results: ``DIR/results.json`` and ``DIR/report.md``; each model's attempts in
+denominators. Results: ``DIR/results.json``, ``DIR/report.md`` and ``DIR/rates.png``; each model's attempts in
 ``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists.
 """
 
@@ -34,8 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.drills import first_mistake, read_splits
-from reterm.agent.episode import load_task
+from pipeline.drills import injected_teacher, mistake_policy, read_splits
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts, task_category
 from reterm.stats import paired_bootstrap, rate
@@ -79,13 +78,12 @@ def _turn_stats(attempts: list[Attempt]) -> tuple[int, int]:
 async def _injected_states(dirs: list[Path], batch: int) -> tuple[list[Attempt], list[Any], list[bool]]:
     """The injected failed first attempts of ``dirs`` (snapshots kept), their states, and whether the
     reference solution still passes from each (recoverable)."""
-    mistakes = OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
+    mistakes = mistake_policy(dirs)
     firsts = await _attempts(mistakes, dirs, batch, "injected first attempts", max_turns=2, keep_failed_snapshots=True)
     failed = [a for a in firsts if a.failed]
     release([a for a in firsts if not a.failed])
     states = [attempt_end_state(a) for a in failed]
-    oracle = OraclePolicy(dirs, name="oracle")
-    checks = await run_attempts(oracle, [a.task_dir for a in failed], states=states,
+    checks = await run_attempts(injected_teacher(dirs), [a.task_dir for a in failed], states=states,
                                 snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
     return failed, states, [c.trajectory.outcome is Outcome.SUCCESS for c in checks]
 
@@ -232,6 +230,39 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """``rates.png``: Pass@1 and Recovery@1 (in- and out-of-distribution) per model, with Wilson 95% intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["models"])
+    panels = [("pass_at_1", "drills_id", "Pass@1, held-out instances"), ("pass_at_1", "drills_ood", "Pass@1, held-out families"),
+              ("recovery_at_1", "drills_id", "Recovery@1, held-out instances"),
+              ("recovery_at_1", "drills_ood", "Recovery@1, held-out families")]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), sharey=True)
+    for ax, (metric, split, title) in zip(axes, panels):
+        vals, lo, hi = [], [], []
+        for n in names:
+            r = results["models"][n][metric][split]
+            v = r["value"] if r["value"] is not None else 0.0
+            vals.append(v)
+            lo.append(v - r["ci95"][0])
+            hi.append(r["ci95"][1] - v)
+        ax.bar(range(len(names)), vals, yerr=[lo, hi], capsize=4, color="#4c72b0")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("rate (Wilson 95% interval)")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", required=True, type=Path)
@@ -288,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)
     (a.output / "report.md").write_text(report(results))
+    plot(results, a.output / "rates.png")
     _say(f"done in {time.monotonic() - t0:.0f}s: {a.output / 'report.md'}")
     return 0
 

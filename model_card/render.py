@@ -223,6 +223,26 @@ def resolve_base_model(folder: Path, recipes: list[Recipe], override: str | None
     raise ValueError(f"cannot tell the base model's Hub id ({tried}); pass --base-model ORG/NAME")
 
 
+def is_drills_results(path: str | Path) -> bool:
+    """True for the recovery drills' ``results.json`` (``eval.drills``: ``models`` is a mapping by name)."""
+    try:
+        return isinstance(json.loads(Path(path).read_text()).get("models"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def drills_section(path: str | Path, eval_name: str | None) -> str:
+    """The card's results on the recovery drills: the evaluation's own table and paired differences
+    (``eval.drills.report``), this model named first."""
+    from eval.drills import report
+
+    results = json.loads(Path(path).read_text())
+    body = report(results).split("\n", 2)[2]  # without the report's title
+    this = f"This model is `{eval_name}` in the table below. " if eval_name else ""
+    return (f"Measured on the kit's recovery drills (held-out instances of the training families, and held-out "
+            f"families), in the kit's harness. {this}\n\n" + body.replace("## ", "### "))
+
+
 def pick_result(results: EvalResults, repo_id: str, eval_name: str | None) -> ModelResult:
     """This model's entry: ``eval_name``, else the only entry, else the one named like the repo."""
     if eval_name:
@@ -329,6 +349,9 @@ def render_model_card(
         results = folder / "eval" / "results.json"
     if eval_name is None and record is not None and isinstance(record.summary.get("eval_name"), str):
         eval_name = record.summary["eval_name"]
+    drills_md = None
+    if results is not None and is_drills_results(results):
+        drills_md, results = drills_section(results, eval_name), None
     evals = load_results(results) if results is not None else None
     entry = pick_result(evals, repo_id, eval_name) if evals is not None else None
     methods = [r.trainer.upper() for r in stages]
@@ -398,6 +421,7 @@ def render_model_card(
         or "chat_template" in _json_or_empty(folder / "tokenizer_config.json"),
         citation=citation,
         pct=_pct,
+        drills_md=drills_md,
     )
     check_readme(str(card), "model", where=f"model card of {folder}")
     return card

@@ -9,8 +9,9 @@ Failure states come from two sources, both on the drills' ``train`` split (``DRI
 - **injected**: the drill family's natural first mistake (``[metadata] first_mistake`` of each task), typed
   as a first attempt that then submits.
 
-From each failure state the teacher (the offline oracle: the task's reference solution, typed from the
-state the failed attempt left behind) makes a recovery attempt after the feedback message; the task's
+From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
+recovery commands, after the policy's own attempt the reference solution, typed from the state the failed
+attempt left behind) makes a recovery attempt after the feedback message; the task's
 verifier keeps the ones that pass. Records carry the release's six columns first
 (:func:`reterm.records.release_columns`), then the kit's metadata. Records of a few train instances form the
 ``test`` split (SFT's held-out likelihood check); the drills' own ``test``/``test_ood`` instances are never
@@ -68,6 +69,28 @@ def first_mistake(task_dir: Path) -> str:
     return cmd
 
 
+def recovery_commands(task_dir: Path) -> list[str]:
+    """The commands that complete the drill from the state its first mistake leaves (``[metadata] recovery``,
+    verified by the drills check); the reference solution when the task has none."""
+    meta = load_task(task_dir).config.metadata or {}
+    cmds = meta.get("recovery")
+    if isinstance(cmds, list) and cmds and all(isinstance(c, str) for c in cmds):
+        return list(cmds)
+    from reterm.tasks import solution_steps
+
+    return solution_steps(task_dir)
+
+
+def injected_teacher(dirs: list[Path]) -> OraclePolicy:
+    """The teacher after an injected first mistake: types :func:`recovery_commands`, then submits."""
+    return OraclePolicy([(load_task(d).instruction, recovery_commands(d)) for d in dirs], name="oracle-teacher")
+
+
+def mistake_policy(dirs: list[Path]) -> OraclePolicy:
+    """The injected failed first attempt: the drill's first mistake, then submit."""
+    return OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
+
+
 def _row(attempt: Attempt, recovery: Attempt, source: str, policy: str, family: str) -> dict[str, Any]:
     traj = recovery.trajectory
     k = len(traj.to_messages(upto=traj.prefix_len))
@@ -89,7 +112,8 @@ def _row(attempt: Attempt, recovery: Attempt, source: str, policy: str, family: 
     return row
 
 
-async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_turns: int) -> dict[str, Any]:
+async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_turns: int,
+                 label: str | None = None) -> dict[str, Any]:  # fmt: skip
     """First attempts on ``dirs``, then one teacher recovery from each failed one. Returns the journal entry."""
     firsts = await run_attempts(policy, dirs, max_turns=max_turns, keep_failed_snapshots=True)
     failed = [a for a in firsts if a.failed]
@@ -107,16 +131,22 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
         if r.trajectory.outcome is Outcome.SUCCESS:
             r.trajectory.metadata["failure_category"] = st.category
             family = str((load_task(a.task_dir).config.metadata or {}).get("family", ""))
-            entry["records"].append(_row(a, r, source, getattr(policy, "name", source), family))
+            entry["records"].append(_row(a, r, source, label or getattr(policy, "name", source), family))
     return entry
 
 
-def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int, batch: int, held_out: float,
-          max_tasks: int | None = None, max_new_tokens: int = 48, own_tasks: int | None = None) -> dict[str, Any]:  # fmt: skip
+def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
+          held_out: float, max_tasks: int | None = None, max_new_tokens: int = 48,
+          own_tasks: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
 
-    ``own_tasks`` bounds the train instances the policy itself attempts (spread evenly over the list, so every
-    family is represented); injected first mistakes cover every train instance.
+    Args:
+        policies: policy specs (:func:`reterm.policies.load_policy`) whose own failed attempts are mined, in
+            order; the i-th attempts the train instances ``i, i + step, ...`` (``own_tasks`` of them, spread
+            over every family). Re-running with one more policy (the SFT checkpoint after the cold start: the
+            paper's second round) keeps what the journal holds and adds that policy's records.
+        own_tasks: bound on the train instances each policy attempts (default all); injected first mistakes
+            cover every train instance.
     """
     from dataset_card.layout import write_dataset_folder
 
@@ -128,27 +158,33 @@ def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int,
     done: list[dict[str, Any]] = []
     if journal_path.exists():
         done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
-    seen = {(e["source"], t) for e in done for t in e["tasks"]}
-    teacher = OraclePolicy(dirs, name="oracle-teacher")
-    injected = OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
-    work: list[tuple[str, Any]] = [("injected", injected)]
-    if policy_spec:
+    seen = {(e.get("key", e["source"]), t) for e in done for t in e["tasks"]}
+    teachers = {"injected": injected_teacher(dirs), "own": OraclePolicy(dirs, name="oracle-teacher")}
+    work: list[tuple[str, str, Any]] = [("injected", "injected", lambda: mistake_policy(dirs))]
+    step = max(1, len(dirs) // own_tasks) if own_tasks else 1
+    own_dirs: dict[str, list[Path]] = {}
+    for j, spec in enumerate(policies):
         from reterm.policies import load_policy
 
-        work.append(("own", load_policy(policy_spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens,
-                                        seed=0)))  # fmt: skip
-    own_dirs = dirs if not own_tasks else dirs[:: max(1, len(dirs) // own_tasks)][:own_tasks]
-    for source, pol in work:
-        todo = [d for d in (own_dirs if source == "own" else dirs) if (source, d.name) not in seen]
+        work.append(("own", f"own:{spec}", lambda spec=spec: load_policy(
+            spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)))  # fmt: skip
+        own_dirs[f"own:{spec}"] = dirs[j % step :: step][:own_tasks]
+    for source, key, make in work:
+        todo = [d for d in own_dirs.get(key, dirs) if (key, d.name) not in seen]
+        if not todo:
+            continue
+        pol = make()
         size = batch if source == "own" else 16
         for i in range(0, len(todo), size):
             chunk = todo[i : i + size]
-            entry = asyncio.run(_batch(pol, teacher, chunk, source, max_turns if source == "own" else 2))
+            entry = asyncio.run(_batch(pol, teachers[source], chunk, source, max_turns if source == "own" else 2,
+                                       key.split(":", 1)[-1]))
+            entry["key"] = key
             with journal_path.open("a") as f:
                 f.write(json.dumps(entry, ensure_ascii=False) + "\n")
             done.append(entry)
             n = sum(len(e["records"]) for e in done)
-            print(f"[drills-data] {source}: {min(i + size, len(todo))}/{len(todo)} tasks, {n} records, "
+            print(f"[drills-data] {key}: {min(i + size, len(todo))}/{len(todo)} tasks, {n} records, "
                   f"{time.monotonic() - t0:.0f}s", flush=True)  # fmt: skip
     rows = [r for e in done for r in e["records"]]
     uniq: dict[str, dict[str, Any]] = {}
@@ -189,9 +225,10 @@ def build(tasks: Path, output: Path, *, policy_spec: str | None, max_turns: int,
         "decontamination": {"benchmarks": ["drills test/test_ood"],
                             "method": "held-out drill instances and families are never rolled out for data"},
         "sources": [{"name": "ReTerm recovery drills", "license": "Apache-2.0", "tasks": len(dirs), "records": len(rows)}],
-        "policy": policy_spec or "first-mistake", "teacher": "oracle-teacher",
+        "policy": ", ".join(policies) or "first-mistake", "teacher": "oracle-teacher",
         "config": {"tasks": str(tasks), "max_turns": max_turns, "batch": batch, "held_out": held_out,
-                   "prompt_version": PROMPT_VERSION},
+                   "prompt_version": PROMPT_VERSION,
+                   "records_by_source_policy": dict(Counter(f"{r['failure_source']}:{r['source_policy']}" for r in rows))},
     }  # fmt: skip
     write_dataset_folder(output, split_rows, stats)
     print(f"[drills-data] {len(rows)} records ({dict(by_cat)}), sources {stats['failure_sources']}, "
@@ -203,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.drills", description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", required=True, type=Path, help="a drills folder (reterm tasks drills --out ...)")
     p.add_argument("--output", required=True, type=Path)
-    p.add_argument("--policy", default="smollm2", help="whose own failed attempts to mine ('' for injected only)")
+    p.add_argument("--policy", action="append", default=None,
+                   help="whose own failed attempts to mine (repeatable, in order; default smollm2; '' for none)")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--batch", type=int, default=16, help="attempts generated together")
@@ -212,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
     a = p.parse_args(argv)
     try:
-        build(a.tasks, a.output, policy_spec=a.policy or None, max_turns=a.max_turns, batch=a.batch,
+        policies = [p for p in (a.policy if a.policy is not None else ["smollm2"]) if p]
+        build(a.tasks, a.output, policies=policies, max_turns=a.max_turns, batch=a.batch,
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
               own_tasks=a.own_tasks)
     except (FileNotFoundError, ValueError) as exc:

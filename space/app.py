@@ -135,7 +135,7 @@ def default_config(
     """The configuration from arguments, then environment variables, then defaults (module docstring).
 
     Default task roots: ``tasks/`` of the kit's checkout (or next to app.py). Default replay sources:
-    ``examples/`` next to app.py, saved live runs, the checkout's test fixtures, and ``reterm/ReTerm-10K``.
+    ``examples/`` next to app.py, saved live runs, the checkout's test fixtures, and ``twothsnd/ReTerm-10K``.
     """
     env = os.environ
     if tasks is None and env.get("RETERM_SPACE_TASKS"):
@@ -157,7 +157,7 @@ def default_config(
         for rel in ("tests/fixtures/reterm10k_mini", "tests/fixtures/jobs/demo"):
             if (HERE.parent / rel).is_dir():
                 sources.append(str(HERE.parent / rel))
-        sources.append("reterm/ReTerm-10K")
+        sources.append("twothsnd/ReTerm-10K")
     if public is None:
         public = bool(env.get("SPACE_ID")) and not env.get("RETERM_SPACE_ALLOW_PATHS")
     forks = int(max_forks if max_forks is not None else env.get("RETERM_SPACE_MAX_FORKS") or MAX_FORKS)

@@ -51,7 +51,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 # ---------------------------------------------------------------------------------- dataset card
 def test_dataset_card_parses_back_with_metadata_intact(dataset_folder, tmp_path):
-    card = render_dataset_card(dataset_folder, "reterm/ReTerm-10K")
+    card = render_dataset_card(dataset_folder, "twothsnd/ReTerm-10K")
     path = tmp_path / "README.md"
     card.save(path)
     loaded = DatasetCard.load(path)
@@ -75,7 +75,7 @@ def test_dataset_card_parses_back_with_metadata_intact(dataset_folder, tmp_path)
 
 
 def test_dataset_card_reads_well(dataset_folder):
-    text = str(render_dataset_card(dataset_folder, "reterm/ReTerm-10K"))
+    text = str(render_dataset_card(dataset_folder, "twothsnd/ReTerm-10K"))
     body = text.split("\n---\n", 1)[1]
     for heading in ("# ReTerm-10K (test fixture)", "## Quick start", "## Dataset structure", "### Fields",
                     "### A worked example", "## How it was made", "## Failure categories", "## Decontamination",
@@ -84,7 +84,7 @@ def test_dataset_card_reads_well(dataset_folder):
     # per-category table from stats.json, recovery rate derived (14/24 = 58.3%)
     assert "| missing dependency (`missing_dependency`) | 2 | 40.0% | 3 | 24 | 14 | 58.3% |" in body
     assert "| **records** | **5** |" in body
-    assert 'load_dataset("reterm/ReTerm-10K", split="train")' in body
+    assert 'load_dataset("twothsnd/ReTerm-10K", split="train")' in body
     # the worked example: the shortest record (json-pretty), its failing step and where the recovery starts
     assert "task `json-pretty`" in body
     assert "❌ *failing step*" in body and "**recovery starts here** (`train_from_message_index` = 4)" in body
@@ -105,13 +105,13 @@ def test_dataset_card_refuses_stats_that_disagree_with_the_shards(dataset_folder
     stats["categories"]["timeout_hang"]["records"] = 1
     (folder / "stats.json").write_text(json.dumps(stats))
     with pytest.raises(ValueError, match="failure_category"):
-        render_dataset_card(folder, "reterm/ReTerm-10K")
+        render_dataset_card(folder, "twothsnd/ReTerm-10K")
     # a split the shards do not have
     stats = json.loads((dataset_folder / "stats.json").read_text())
     stats["splits"] = {"train": 3, "validation": 1, "test": 1}
     (folder / "stats.json").write_text(json.dumps(stats))
     with pytest.raises(ValueError, match="splits in data/"):
-        render_dataset_card(folder, "reterm/ReTerm-10K")
+        render_dataset_card(folder, "twothsnd/ReTerm-10K")
 
 
 def test_stats_errors_name_the_file_and_field(dataset_folder, tmp_path):
@@ -129,7 +129,7 @@ def test_stats_errors_name_the_file_and_field(dataset_folder, tmp_path):
 
 # ------------------------------------------------------------------------------------ model card
 def test_model_card_parses_back_with_model_index(tiny_model, tmp_path):
-    card = render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, datasets=["reterm/ReTerm-10K"])
+    card = render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, datasets=["twothsnd/ReTerm-10K"])
     path = tmp_path / "README.md"
     card.save(path)
     loaded = ModelCard.load(path)
@@ -138,7 +138,7 @@ def test_model_card_parses_back_with_model_index(tiny_model, tmp_path):
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"  # first recipe's model_name_or_path
     assert meta["base_model_relation"] == "finetune"
     assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
-    assert meta["datasets"] == ["reterm/ReTerm-10K"]
+    assert meta["datasets"] == ["twothsnd/ReTerm-10K"]
     assert "sft" in meta["tags"] and "grpo" in meta["tags"]
     results = loaded.data.eval_results
     assert loaded.data.model_name == "reterm-grpo"  # picked by the repo name among three models
@@ -149,7 +149,7 @@ def test_model_card_parses_back_with_model_index(tiny_model, tmp_path):
 
 
 def test_model_card_reads_well_and_redacts_secrets(tiny_model):
-    text = str(render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, datasets=["reterm/ReTerm-10K"]))
+    text = str(render_model_card(tiny_model, "reterm/reterm-grpo", RECIPES, RESULTS, datasets=["twothsnd/ReTerm-10K"]))
     body = text.split("\n---\n", 1)[1]
     for heading in ("## Results", "### Recovery per error category", "## Training", "### Stage 1: SFT (`sft.yaml`)",
                     "### Stage 2: GRPO (`grpo.yaml`)", "## How to use", "### Serve with vLLM",

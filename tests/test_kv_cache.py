@@ -43,7 +43,8 @@ def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
     before = smol.kv_cache.reused_tokens, smol.kv_cache.fed_tokens
     reused, cached = _episode(smol, 4)
     assert reused == plain
-    assert cached[0] == [0, 0, 0]
+    # turn 1: the three prompts share the system prompt and tool schema, read once for all three
+    assert len(set(cached[0])) <= 2 and all(c > 300 for c in cached[0]), cached[0]
     # later turns read the system prompt, tool schema and history from the cache
     assert all(c > 500 for row in cached[1:] for c in row), cached
     assert len(smol.kv_cache) == 3 and smol.kv_cache.nbytes > 0
@@ -54,7 +55,8 @@ def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
 def test_smollm2_cache_is_bounded(smol):
     smol.kv_cache.enabled = True
     smol.kv_cache.clear()
-    old = smol.kv_cache.max_bytes
+    old = smol.kv_cache.max_bytes, smol.kv_cache.max_idle_calls
+    smol.kv_cache.max_idle_calls = 2
     try:
         smol.generate([initial_messages("one")], TOOLS)
         one = smol.kv_cache.nbytes
@@ -65,7 +67,7 @@ def test_smollm2_cache_is_bounded(smol):
             smol.generate([initial_messages("five")], TOOLS)
         assert len(smol.kv_cache) == 1
     finally:
-        smol.kv_cache.max_bytes = old
+        smol.kv_cache.max_bytes, smol.kv_cache.max_idle_calls = old
         smol.kv_cache.clear()
 
 
@@ -121,3 +123,48 @@ def test_smollm2_token_turns_reuse_batched(smol):
     cached, reused = _token_turns(model, tok, kv, rows=3, turns=3)
     assert cached == plain
     assert all(r > 0 for row in reused[1:] for r in row)
+
+
+@pytest.mark.parametrize("model_name,rows", [("tiny-qwen3.5", 1), ("tiny-qwen3.5", 3), ("smollm2", 3)])
+def test_grpo_rollout_generation_matches_trl(tmp_path, model_name, rows):
+    """The GRPO trainer's cached generation gives, turn after turn, the tokens TRL's own transformers
+    generation gives (greedy), from the token ids the rollout policy builds."""
+    from pathlib import Path
+
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM
+
+    from reterm.training.failure_pool import FailurePool, seed_states_from_records
+    from reterm.training.grpo_config import ReTermGRPOConfig
+    from reterm.training.grpo_policy import GenerationRequest
+    from reterm.training.grpo_trainer import ReTermGRPOTrainer
+    from reterm.training.models import load_tokenizer, resolve_model_name_or_path
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    record = load_dataset(str(fixtures / "grpo_seed"), split="train")[0]
+    (seed,), _ = seed_states_from_records([record], [fixtures / "tasks"])
+    path = resolve_model_name_or_path(model_name)
+    tok = load_tokenizer(path)
+    args = ReTermGRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                            max_steps=1, max_turns=3, max_turn_tokens=8, max_completion_length=256, use_cpu=True,
+                            bf16=False, report_to="none", save_strategy="no", task_dirs=[str(fixtures / "tasks")],
+                            generation_kwargs={"do_sample": False}, chat_template_kwargs={"enable_thinking": False})  # fmt: skip
+    trainer = ReTermGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), args, FailurePool([seed]), processing_class=tok)
+    assert trainer.kv_cache.enabled
+    prompt = trainer.rollout_policy.prompt_ids(seed.prompt)
+    obs = trainer.rollout_policy.observation_ids([{"role": "user", "content": "[exit status: 1] nope"}], False)
+    outputs = {}
+    for reuse in (False, True):
+        trainer.kv_cache.clear()
+        trainer.kv_cache.enabled = reuse
+        ids = [prompt + tok.encode(" x" * i) for i in range(rows)]
+        turns = []
+        for _ in range(3):
+            out = trainer._generate_tokens([GenerationRequest(i, [], t) for i, t in enumerate(ids)], 8)
+            turns.append([o[0] for o in out])
+            ids = [t + o[0] + ([] if o[0][-1] in trainer.eos_token_ids else [tok.eos_token_id]) + obs
+                   for t, o in zip(ids, out)]  # fmt: skip
+        outputs[reuse] = turns
+    assert outputs[True] == outputs[False]
+    hybrid = model_name.startswith("tiny-qwen")
+    assert (trainer.kv_cache.reused_tokens > 0) == (rows == 1 or not hybrid)

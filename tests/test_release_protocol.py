@@ -152,7 +152,7 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     from reterm.policies.scripted import OraclePolicy, ScriptedPolicy
     from reterm.recovery.attempts import release
 
-    stats = build(drills, tmp_path / "data", policy_spec=None, max_turns=2, batch=4, held_out=0.3)
+    stats = build(drills, tmp_path / "data", policies=[], max_turns=2, batch=4, held_out=0.3)
     ds = load_records(str(tmp_path / "data"), "train")
     assert list(ds.column_names)[:6] == list(RELEASE_COLUMNS)
     assert all(r["target_attempt_index"] == 2 and r["failure_source"] == "injected" for r in ds)
@@ -188,3 +188,32 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     assert diffs["pass_at_1/drills_id"]["diff"] == 1.0 and diffs["pass_at_1/drills_id"]["n"] == n
     md = report({"models": {"base": nop, "sft": oracle}, "differences": {"sft - base": diffs}})
     assert "| sft | 1.000 [" in md and "Fatal Attempt Rate" in md
+
+
+def test_grpo_pool_takes_attempt_level_records_and_grows_attempt_level_online_states(drills, tmp_path):
+    """ReTerm-GRPO in the release's protocol: seed states are the records' failed attempts plus feedback, and a
+    failed recovery attempt from one of them becomes the next sequential state (attempt + feedback again)."""
+    from datasets import load_dataset
+
+    from pipeline.drills import build
+    from reterm.training.failure_pool import online_states_from_attempt, seed_states_from_records
+
+    build(drills, tmp_path / "data", policies=[], max_turns=2, batch=8, held_out=0.0)
+    records = load_dataset(str(tmp_path / "data"), split="train")
+    states, skipped = seed_states_from_records(records, [drills])
+    assert len(states) == len(records) and not skipped
+    parent = states[0]
+    assert parent.prompt[-1]["content"] == FEEDBACK_MESSAGE
+    wrong = [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_9", "type": "function", "function": {
+                 "name": "bash", "arguments": json.dumps({"command": "ls /nope"})}}]},
+             {"role": "tool", "tool_call_id": "call_9", "name": "bash",
+              "content": "ls: cannot access '/nope': No such file or directory\n[exit status: 2]"},
+             {"role": "assistant", "content": "", "tool_calls": [{"id": "call_10", "type": "function",
+                                                                  "function": {"name": "submit", "arguments": "{}"}}]}]
+    attempt = from_messages(parent.prompt + wrong, task_id=parent.task_id)
+    attempt.prefix_len = len(parent.trajectory.steps)
+    attempt.set_reward(0.0)
+    (new,) = online_states_from_attempt(attempt, parent, step=3)
+    assert new.prompt[: len(parent.prompt)] == parent.prompt  # the first attempt and its feedback stay context
+    assert new.prompt[-1]["content"] == FEEDBACK_MESSAGE and len(new.prompt) == len(parent.prompt) + 4
+    assert new.source == "online" and new.parent_id == parent.state_id

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "train"))
 import stages  # noqa: E402  (train/stages.py)
 
 PY = sys.executable
-STAGE_ORDER = ["setup", "data", "sft", "grpo", "grpo-standard", "eval", "cards", "summary"]
+STAGE_ORDER = ["setup", "drills", "data", "sft", "mine", "grpo", "grpo-standard", "eval", "cards", "summary"]
 
 
 def _run_all(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -150,26 +150,31 @@ def test_run_all_dry_run_lists_stages_in_order_and_selects(tmp_path):
 
 
 def test_run_all_sizes_reach_the_stage_commands(tmp_path):
-    # default: the 45-min budget's cuts (recipes keep their own sizes); ci: the reduced chain
+    # default: the embedded default's sizes on the drills; ci: the reduced chain
     r = _run_all("--dry-run", "--run-dir", str(tmp_path / "d"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
-    assert "--num_train_epochs 1" in cmds["sft"]
-    assert "--max_steps 4" in cmds["grpo"] and "--max_steps 4" in cmds["grpo-standard"]
-    assert "--set" not in cmds["data"]
-    assert "eval-config" in cmds["eval"] and "--trials 2 --max-tasks 6" in cmds["eval"]  # eval's sizes are shown
+    assert "tasks drills" in cmds["drills"] and "--per-family 34" in cmds["drills"]
+    assert "pipeline.drills" in cmds["data"] and f"--tasks {tmp_path}/d/drills" in cmds["data"]
+    assert "--max_steps 80" in cmds["sft"]
+    assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
+    assert "--max_steps 30" in cmds["grpo"] and "--max_steps 30" in cmds["grpo-standard"]
+    assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
+    assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"]
+    assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
     r = _run_all("--dry-run", "--size", "ci", "--run-dir", str(tmp_path / "c"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
-    assert "--set tasks.max_tasks=2" in cmds["data"] and "--max_steps 1" in cmds["sft"]
-    assert "--max_steps 1 --num_generations 2" in cmds["grpo"] and "--num_train_epochs" not in cmds["sft"]
-    assert "--trials 1 --max-tasks 2" in cmds["eval"]
+    assert "--per-family 4 --no-check" in cmds["drills"] and "--max_steps 2" in cmds["sft"]
+    assert "--max_steps 1 --num_generations 2" in cmds["grpo"]
+    assert "--max-id 2" in cmds["eval"]
     assert not (tmp_path / "d").exists()  # a dry run writes nothing
-    # a changed config or recipe re-runs its stage, not only a changed command
-    for name, watched in (("data", "pipeline/configs/smoke.yaml"), ("sft", "smollm2-135m/sft.yaml"),
-                          ("grpo", "smollm2-135m/grpo.yaml"), ("grpo-standard", "smollm2-135m/grpo_standard.yaml")):  # fmt: skip
+    # a changed recipe re-runs its stage, not only a changed command
+    for name, watched in (("sft", "smollm2-135m/sft.yaml"), ("grpo", "smollm2-135m/grpo.yaml"),
+                          ("grpo-standard", "smollm2-135m/grpo_standard.yaml")):  # fmt: skip
         assert f"{watched} changed" in cmds[name], name
-    # the 9B recipe takes no CPU cuts
+    # the 9B recipe takes no CPU cuts and keeps the Terminal-Bench pipeline and Harbor evaluation
     r = _run_all("--dry-run", "--recipe", "qwen3.5-9b", "--run-dir", str(tmp_path / "q"))
     assert "--max_steps" not in r.stdout and "--num_train_epochs" not in r.stdout
+    assert "pipeline.build" in r.stdout and "eval.run" in r.stdout and "tasks drills" not in r.stdout
 
 
 def test_run_all_runs_from_any_folder(tmp_path):
@@ -305,21 +310,31 @@ def test_reduced_chain_end_to_end(tmp_path):
         assert (run / sub / "training_summary.json").is_file(), sub
     grpo = json.loads((run / "grpo-reterm" / "training_summary.json").read_text())
     assert grpo["mode"] == "reterm" and grpo["steps"] == 1 and grpo["base_model"] == str(run / "sft" / "merged")
+    assert set(ds.column_names) >= {"id", "task_id", "messages", "train_from_message_index", "target_attempt_index",
+                                    "trajectory_sha256"}
     results = json.loads((run / "eval" / "results.json").read_text())
-    assert [m["name"] for m in results["models"]] == ["base", "sft", "grpo-standard", "grpo-reterm"]
-    for m in results["models"]:
-        assert m["pass_at_1"]["n_trials"] + m["infra_faults"]["n"] >= 1, m["name"]
-    assert (run / "eval" / "pass_rate.png").is_file()
+    assert list(results["models"]) == ["base", "sft", "grpo-standard", "grpo-reterm"]
+    for name, m in results["models"].items():
+        assert m["pass_at_1"]["drills_id"]["n"] + m["infra_faults"]["drills_id"] == 2, name
+        assert m["recovery_at_1"]["drills_id"]["n"] >= 1, name
+    summary_json = json.loads((run / "summary.json").read_text())
+    for name in ("base", "sft", "grpo-standard", "grpo-reterm"):
+        entry = summary_json["models"][name]
+        assert set(entry["pass_at_1"]) == {"drills_id", "drills_ood"}, name
+        assert {"value", "ci95", "n"} <= set(entry["pass_at_1"]["drills_id"]), name
+    assert summary_json["models"]["grpo-reterm"]["steps"] == 1
+    assert summary_json["models"]["grpo-reterm"]["zero_variance_group_share"] is not None
+    assert summary_json["wall_s"] > 0 and summary_json["peak_rss_gb"] > 0
     card = DatasetCard.load(run / "cards" / "dataset" / "README.md")
     assert card.data.license
     mcard = ModelCard.load(run / "cards" / "model" / "README.md")
     assert mcard.data.base_model
     assert (run / "cards" / "space" / "app.py").exists()
     summary = (run / "summary.md").read_text()
-    for label in ("base model", "SFT", "standard GRPO", "ReTerm-GRPO"):
+    for label in ("base (SmolLM2-135M-Instruct)", "SFT cold start", "standard GRPO", "ReTerm-GRPO"):
         assert f"| {label} |" in summary
-    assert "not run" not in summary
-    assert (run / "plots" / "eval_pass_rate.png").is_file() and (run / "plots" / "stages.png").is_file()
+    assert "| not run |" not in summary
+    assert (run / "plots" / "stages.png").is_file()
     recs = {s: stages.read_marker(run, s) for s in STAGE_ORDER[:-1]}
     assert all(recs.values()), [s for s, v in recs.items() if not v]
     assert max(v["peak_mem_mb"] or 0 for v in recs.values()) < 12 * 1024

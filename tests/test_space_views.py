@@ -172,7 +172,7 @@ def test_space_readme_header_is_valid_hub_metadata():
 
     card = check_readme((REPO / "space" / "README.md").read_text(), "space", where="space/README.md")
     assert card["sdk"] == "gradio" and card["sdk_version"] == "6.31.0" and card["app_file"] == "app.py"
-    assert str(card["python_version"]) == "3.12" and card["datasets"] == ["reterm/ReTerm-10K"]
+    assert str(card["python_version"]) == "3.12" and card["datasets"] == ["twothsnd/ReTerm-10K"]
     assert card["suggested_hardware"] and card["models"]
     pins = dict(line.split("==") for line in (REPO / "requirements.txt").read_text().splitlines() if "==" in line)
     assert pins["gradio"] == card["sdk_version"]  # the Space runs the Gradio the kit is tested with

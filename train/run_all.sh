@@ -19,6 +19,8 @@
 #                  rollouts on the train tasks), snapshots of the state they left, recovery attempts from it,
 #                  the verified ones kept                                       -> RUN/data
 #   sft            SFT cold start on that dataset (TRL SFTTrainer)              -> RUN/sft
+#   mine           (embedded default) the paper's second round: the SFT model's own failed attempts on the
+#                  train drills, recovered and verified, join the dataset (ReTerm-GRPO's seed states) -> RUN/data
 #   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from the agent's own failure
 #                  states                                                       -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
@@ -67,7 +69,7 @@ EOF
 
 # ---------------------------------------------------------------------------------- command line
 RECIPE=smollm2-135m; SIZE=default; RUN=""; FROM=""; ONLY=(); FORCE=0; CHECK=0; DRY_RUN=0
-STAGES=(setup drills data sft grpo grpo-standard eval cards summary)
+STAGES=(setup drills data sft mine grpo grpo-standard eval cards summary)
 while [ $# -gt 0 ]; do
   case "$1" in --recipe|--size|--run-dir|--from|--only)
     if [ $# -lt 2 ] || [[ "$2" == --* ]]; then echo "run_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
@@ -130,7 +132,7 @@ case "$RECIPE" in
     EVAL_BASE=eval/configs/local.yaml          # the four models are filled in from this run (stages.py)
     LAUNCH=("$PY")                             # plain Python on the CPU
     BASE_MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
-    DATA_NAME=ReTerm-smoke; MODEL_NAME=ReTerm-SmolLM2-135M   # Hub names in the cards (dry-run only)
+    DATA_NAME=ReTerm-drills; MODEL_NAME=ReTerm-SmolLM2-135M   # Hub names in the cards (dry-run only)
     DATA_WRAP=(); DATA_ENDPOINTS=(); EVAL_WRAP=()
     ;;
   qwen3.5-9b)     # GPUs: vLLM generation, DeepSpeed ZeRO-3 (or FSDP2), Daytona sandboxes, Terminal-Bench 2.0
@@ -183,14 +185,14 @@ esac
 case "$SIZE" in
   default) ;;
   ci)
-    DRILL_SIZE=(--per-family 3 --no-check)
+    DRILL_SIZE=(--per-family 4 --no-check)
     DATA_SIZE=(--own-tasks 4 --max-tasks 12)
     SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
               --eval_strategy no --eval_on_start false)
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
-    EVAL_SIZE=(--max-id 4 --max-ood 2 --own-items 2 --k-max 2 --max-turns 2 --max-new-tokens 48)
+    EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
@@ -241,6 +243,13 @@ WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --co
   --output_dir "$RUN/sft" "${SFT_SIZE[@]}"
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
 
+# 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states)
+if [ "$RECIPE" = smollm2-135m ]; then
+  ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
+  stage mine "$RUN/data" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$RUN/data" --policy smollm2 \
+    --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}"
+fi
+
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
@@ -252,7 +261,6 @@ WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[
 
 # 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)
 if [ "$RECIPE" = smollm2-135m ]; then
-  ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
   stage eval "$RUN/eval" -- "$PY" -m eval.drills --tasks "$DRILLS" --output "$RUN/eval" --model base=smollm2 \
     --model "sft=hf:$ABS_RUN/sft/merged" --model "grpo-standard=hf:$ABS_RUN/grpo-standard/merged" \
     --model "grpo-reterm=hf:$ABS_RUN/grpo-reterm/merged" "${EVAL_SIZE[@]}"
@@ -263,7 +271,7 @@ fi
 
 # 7. cards, and publishing: a dry-run (the exact folders that would be uploaded) unless HUB_ORG is set
 #    with the 9B recipe
-PUBLISH=(); ORG=${HUB_ORG:-your-org}
+PUBLISH=(); ORG=${HUB_ORG:-twothsnd}   # the release's organisation (twothsnd/ReTerm-10K, twothsnd/ReTerm-9B)
 if [ "$RECIPE" != smollm2-135m ] && [ -n "${HUB_ORG:-}" ]; then PUBLISH=(--publish); fi
 stage cards "$RUN/cards" -- "$PY" train/stages.py cards --run-dir "$RUN" --base-model "$BASE_MODEL" \
   --dataset-repo "$ORG/$DATA_NAME" --model-repo "$ORG/$MODEL_NAME" --space-repo "$ORG/ReTerm-demo" "${PUBLISH[@]}"

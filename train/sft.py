@@ -36,6 +36,7 @@ from typing import Any
 from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 
 from reterm.training.check import as_cli_args, check_overrides
+from reterm.training.lean import lean_fused_lm_head
 from reterm.training.likelihood import training_chat_template
 from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, require_model_and_dataset, resolve_model_name_or_path
 from reterm.training.outputs import package_versions, write_curves, write_run_files, write_training_summary
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         training_args.eval_on_start = False
 
     model = load_model(resolved, model_args, training_args.trust_remote_code, **(training_args.model_init_kwargs or {}))
+    lean_fused_lm_head()  # CPUs: the loss's log-probabilities only where the loss is, in small tiles
     trainer = SFTTrainer(
         model=model,
         args=training_args,

@@ -592,7 +592,8 @@ def cards(
 
 def _eval_name(results: Path, name: str) -> str:
     """``name`` or its alias (:data:`ALIASES`) as found among ``results.json``'s models."""
-    names = {m.get("name") for m in (_load_json(results) or {}).get("models", [])}
+    models = (_load_json(results) or {}).get("models", [])
+    names = set(models) if isinstance(models, dict) else {m.get("name") for m in models}  # eval.drills | eval.run
     return next((n for n in [name, *ALIASES.get(name, [])] if n in names), name)
 
 
@@ -856,7 +857,8 @@ def write_plots(run_dir: Path, stage_order: list[str]) -> list[Path]:
     plots.mkdir(parents=True, exist_ok=True)
     written = []
     copies = [
-        (run_dir / "eval" / n, f"eval_{n}") for n in ("pass_rate.png", "recovery_rate.png", "recovery_from_states.png")
+        (run_dir / "eval" / n, f"eval_{n}")
+        for n in ("pass_rate.png", "recovery_rate.png", "recovery_from_states.png", "rates.png")
     ]
     copies += [(p, f"data_{p.name}") for p in sorted((run_dir / "data" / "plots").glob("*.png"))]
     copies += [(run_dir / n / "curves.png", f"{n}_curves.png") for n in ("sft", "grpo-reterm", "grpo-standard")]
@@ -932,6 +934,21 @@ def _stage_totals(run_dir: Path, stage_order: list[str]) -> tuple[float, float]:
     return round(wall, 1), round(peak, 2)
 
 
+def _completion_tokens(folder: Path, training_summary: dict[str, Any]) -> int | None:
+    """Completion tokens a GRPO run generated (observations inside completions included): the sum over steps
+    of ``completions/mean_length`` (``curves.csv``) times the attempts per step. ``None`` without curves."""
+    import csv
+
+    path = folder / "curves.csv"
+    steps = training_summary.get("steps") or 0
+    if not path.is_file() or not steps:
+        return None
+    per_step = (training_summary.get("attempts") or 0) / steps
+    with path.open() as f:
+        lengths = [float(r["completions/mean_length"]) for r in csv.DictReader(f) if r.get("completions/mean_length")]
+    return int(round(sum(lengths) * per_step))
+
+
 def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str, Any]]:
     """The summary of a run evaluated on the recovery drills (``RUN/eval/results.json`` of ``eval.drills``).
 
@@ -947,7 +964,8 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     lines = [f"# ReTerm run `{_rel(run_dir)}` (recovery drills)", "",
              "Rates: value [Wilson 95% interval] (n items). Greedy decoding, the kit's one harness and prompt.", "",
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-             "zero-variance groups | GRPO steps |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "zero-variance groups | GRPO steps (attempts, completion tokens) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in DRILL_MODELS.items():
         m = models.get(name) or {}
         entry: dict[str, Any] = {"label": label, "pass_at_1": m.get("pass_at_1"), "recovery_at_1": m.get("recovery_at_1"),
@@ -960,15 +978,16 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
             if ts.get("groups"):
                 zv = round(ts.get("zero_variance_groups", 0) / ts["groups"], 3)
             steps = ts.get("steps")
-            entry.update(zero_variance_group_share=zv, steps=steps,
-                         generated_tokens=(ts.get("budget") or {}).get("generated_tokens"),
-                         attempts=ts.get("attempts"))  # fmt: skip
+            entry.update(zero_variance_group_share=zv, steps=steps, attempts=ts.get("attempts"),
+                         completion_tokens=_completion_tokens(run_dir / name, ts),
+                         reward_first_last=[ts.get("first_reward"), ts.get("final_reward")])  # fmt: skip
         data["models"][name] = entry
+        budget = "-" if steps is None else f"{steps} ({entry.get('attempts')}, {entry.get('completion_tokens')})"
         p1, r1 = m.get("pass_at_1") or {}, m.get("recovery_at_1") or {}
         lines.append(f"| {label} | {_rate_md(p1.get('drills_id'))} | {_rate_md(p1.get('drills_ood'))} | "
                      f"{_rate_md(r1.get('drills_id'))} | {_rate_md(r1.get('drills_ood'))} | "
                      f"{_rate_md(m.get('valid_tool_call_rate'))} | {'-' if zv is None else f'{zv:.2f}'} | "
-                     f"{'-' if steps is None else steps} |")  # fmt: skip
+                     f"{budget} |")  # fmt: skip
     lines += ["", "## Paired differences (bootstrap 95% interval over the same items)", ""]
     for pair, per in data["differences"].items():
         for key, d in per.items():

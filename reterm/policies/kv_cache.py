@@ -15,6 +15,8 @@ How a batch reuses its caches (attention-only models, every cache layer a ``Dyna
   copied in, right-aligned, padding columns are zero and masked. ``model.generate`` then reads only the last
   ``S`` columns (``cache=...``: transformers' continuation from a filled cache). Rows whose cached prefix is
   longer than needed recompute a few tokens; a row with no entry recomputes everything.
+- Rows that share a prompt prefix no entry holds (the G attempts of a group at their first turn, a
+  fan-out from one history) get it read once, in a one-row forward, and copied into each row.
 - After generation each row's states are sliced out of the batch cache (``prompt + kept[:-1]``) and stored
   under those token ids; the entries the call started from are dropped (the new ones hold their prefix).
 
@@ -34,14 +36,17 @@ conversation).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+#: A shared prompt prefix shorter than this is not read separately (not worth a forward of its own).
+MIN_SHARED_PREFIX = 32
 #: Default bound on the bytes of cached key/value states (SmolLM2-135M: about 46 KB a token in float32).
 DEFAULT_MAX_BYTES = 1 << 30
 
 
-@dataclass
+@dataclass(eq=False)  # entries are compared by identity
 class _Entry:
     tokens: list[int]
     layers: list[tuple[Any, Any]] | None = None  # per layer (keys, values) of shape (heads, n, head_dim)
@@ -63,6 +68,63 @@ class CachedGeneration:
     logits: tuple[Any, ...] | None
     reused: list[int] = field(default_factory=list)
     fed: list[int] = field(default_factory=list)
+
+
+def _reserved_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose key/value storage is reserved ahead, so that a decoding step writes its
+        token in place instead of concatenating the whole cache (``torch.cat`` of every layer at every step
+        took about half of a batched CPU decoding step). ``keys``/``values`` are views of the storage."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self._k = self._v = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            import torch
+
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, new = self.get_seq_length(), key_states.shape[-2]
+            ours = self._k is not None and (n == 0 or self.keys.untyped_storage().data_ptr()
+                                              == self._k.untyped_storage().data_ptr())  # fmt: skip
+            if not ours or n + new > self._k.shape[-2]:
+                cap = max(self.capacity, n + new, 2 * n)
+                b, h, _, dk = key_states.shape
+                k = torch.empty((b, h, cap, dk), dtype=key_states.dtype, device=key_states.device)
+                v = torch.empty((b, h, cap, value_states.shape[-1]), dtype=value_states.dtype, device=value_states.device)
+                if n:
+                    k[:, :, :n] = self.keys
+                    v[:, :, :n] = self.values
+                self._k, self._v = k, v
+            self._k[:, :, n : n + new] = key_states
+            self._v[:, :, n : n + new] = value_states
+            self.keys, self.values = self._k[:, :, : n + new], self._v[:, :, : n + new]
+            return self.keys, self.values
+
+    return ReservedLayer
+
+
+_RESERVED = None
+
+
+def _reserved_cache(model: Any, capacity: int) -> Any:
+    """An empty ``DynamicCache`` for ``model`` with reserved storage, or ``None`` when the model's cache is not
+    made of plain attention layers (recurrent or sliding-window layers keep transformers' own)."""
+    global _RESERVED
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    if not cache.layers or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return None
+    if _RESERVED is None:
+        _RESERVED = _reserved_layer_class()
+    cache.layers = [_RESERVED(capacity) for _ in cache.layers]
+    return cache
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -93,7 +155,7 @@ class PrefixKVCache:
     """
 
     def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
-                 max_idle_calls: int = 4) -> None:  # fmt: skip
+                 max_idle_calls: int = 16) -> None:  # fmt: skip
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
             raise ValueError(f"PrefixKVCache: max_bytes/max_entries must be >= 0 and max_idle_calls >= 1, got "
                              f"{max_bytes}, {max_entries}, {max_idle_calls}")  # fmt: skip
@@ -101,6 +163,7 @@ class PrefixKVCache:
         self.max_bytes, self.max_entries, self.max_idle_calls = max_bytes, max_entries, max_idle_calls
         self._entries: list[_Entry] = []
         self._calls = 0
+        self._lock = threading.Lock()
         self.reused_tokens = 0  # prompt tokens read from a cache, all calls
         self.fed_tokens = 0  # prompt tokens the model read, all calls
 
@@ -149,9 +212,14 @@ class PrefixKVCache:
         from transformers.cache_utils import DynamicLayer
 
         layers = getattr(cache, "layers", None)
-        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        return bool(layers) and all(type(layer) is DynamicLayer or type(layer) is _RESERVED for layer in layers)
 
-    def generate(
+    def generate(self, model: Any, prompts: list[list[int]], **kwargs: Any) -> "CachedGeneration":
+        """See :meth:`_generate` (calls are serialised: the store is shared)."""
+        with self._lock:
+            return self._generate(model, prompts, **kwargs)
+
+    def _generate(
         self,
         model: Any,
         prompts: list[list[int]],
@@ -181,7 +249,6 @@ class PrefixKVCache:
             ValueError: an empty prompt.
         """
         import torch
-        from transformers import DynamicCache
 
         if any(not p for p in prompts):
             raise ValueError("PrefixKVCache.generate: empty prompt")
@@ -193,6 +260,8 @@ class PrefixKVCache:
             input_ids[row, W - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[row, W - len(ids) :] = 1
 
+        if self.enabled:
+            self._share_prefix(model, prompts, device)
         sliceable = self._entries[0].layers is not None if self._entries else None
         cache = None
         used: list[_Entry] = []
@@ -203,7 +272,7 @@ class PrefixKVCache:
                 S = max(len(p) - n for p, (_, n) in zip(prompts, matches))
                 C = W - S
                 if C > 0:
-                    cache = self._batch_cache(DynamicCache, model, prompts, matches, W, C, device)
+                    cache = self._batch_cache(model, prompts, matches, W, C, device, W + max_new_tokens)
                     for row, (p, (e, n)) in enumerate(zip(prompts, matches)):
                         reused[row] = max(0, len(p) - S)
                         if e is not None and reused[row] > 0:
@@ -215,6 +284,8 @@ class PrefixKVCache:
                     used.append(e)
                     self._entries.remove(e)  # generate extends the object in place
 
+        if cache is None and sliceable is not False:
+            cache = _reserved_cache(model, W + max_new_tokens)
         kwargs = dict(generation_kwargs or {})
         kwargs.update(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
                       return_dict_in_generate=True, output_logits=output_logits, use_cache=True)  # fmt: skip
@@ -237,7 +308,36 @@ class PrefixKVCache:
         return CachedGeneration(new_ids=new.cpu(), logits=tuple(out.logits) if output_logits else None,
                                 reused=reused, fed=fed)  # fmt: skip
 
-    def _batch_cache(self, cache_cls, model, prompts, matches, W, C, device):
+    def _share_prefix(self, model: Any, prompts: list[list[int]], device: Any) -> None:
+        """Read the rows' common prompt prefix once (one-row forward from the best entry) and store it."""
+        import torch
+        from transformers import DynamicCache
+
+        if len(prompts) < 2 or (self._entries and self._entries[0].layers is None):
+            return
+        n = min(min(_common_prefix(prompts[0], p) for p in prompts[1:]), min(len(p) for p in prompts) - 1)
+        prefix = prompts[0][:n]
+        entry, m = self._best(prefix + [-1], exact=False)
+        if n - m < MIN_SHARED_PREFIX:
+            return
+        past = [(k[None, :, :m], v[None, :, :m]) for k, v in entry.layers] if entry is not None and m > 0 else None
+        cache = DynamicCache(ddp_cache_data=past, config=model.config)
+        if not self._sliceable(cache):
+            return
+        ids = torch.tensor([prefix[m:]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=torch.ones((1, n), dtype=torch.long, device=device),
+                  position_ids=torch.arange(m, n, device=device)[None], cache=cache, use_cache=True,
+                  logits_to_keep=1)  # fmt: skip
+        layers, nbytes = [], 0
+        for layer in cache.layers:
+            k, v = layer.keys[0, :, :n].clone(), layer.values[0, :, :n].clone()
+            layers.append((k, v))
+            nbytes += k.numel() * k.element_size() + v.numel() * v.element_size()
+        self.fed_tokens += n - m
+        self._entries.append(_Entry(tokens=prefix, layers=layers, nbytes=nbytes, last_used=self._calls))
+
+    def _batch_cache(self, model, prompts, matches, W, C, device, capacity):
         import torch
 
         ref = next(e for e, n in matches if e is not None)
@@ -255,7 +355,10 @@ class PrefixKVCache:
                     keys[row, :, C - r :] = k[:, :r]
                     values[row, :, C - r :] = v[:, :r]
             layers.append((keys, values))
-        return cache_cls(ddp_cache_data=layers, config=model.config)
+        cache = _reserved_cache(model, capacity)
+        for layer, (keys, values) in zip(cache.layers, layers):
+            layer.update(keys, values)
+        return cache
 
     def _store(self, cache: Any, prompts: list[list[int]], new: Any, stop_token_ids: list[int], W: int) -> None:
         if cache is None:

@@ -177,6 +177,14 @@ def _check_prompt(state: PoolState) -> str | None:
     return None
 
 
+def _attempt_level(state: "PoolState") -> bool:
+    """True when ``state`` is an attempt-level failure state: its prompt ends with the feedback message that
+    follows a failed attempt (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`)."""
+    from reterm.agent.protocol import FEEDBACK_MESSAGE
+
+    return bool(state.prompt) and (state.prompt[-1].get("content") or "") == FEEDBACK_MESSAGE
+
+
 def seed_states_from_records(
     records: Iterable[dict[str, Any]],
     task_dirs: Sequence[str | Path],
@@ -255,7 +263,10 @@ def online_states_from_attempt(
 ) -> list[PoolState]:
     """New failure states from one failed recovery attempt of the current policy.
 
-    The attempt's generated steps are localised (:func:`reterm.recovery.localise`, rules only; the copied
+    From an attempt-level parent (its prompt ends with the feedback message: the release's protocol) the new
+    state is the whole failed attempt followed by the feedback again (one more sequential attempt, as in
+    Recovery@k), labelled with the category of its first consequential failure. From a step-level parent the
+    attempt's generated steps are localised (:func:`reterm.recovery.localise`, rules only; the copied
     history is context); its first consequential failure (``LocalisationResult.primary``) becomes a state
     whose prompt is the whole conversation up to and including the failing step. Infrastructure faults,
     passed attempts and attempts that broke their sandbox (docs/SCORING.md) yield nothing.
@@ -273,6 +284,20 @@ def online_states_from_attempt(
     if trajectory.metadata.get("broken_by_agent"):  # scored 0, but no sandbox left to recover in
         return []
     result = localise(trajectory)
+    if _attempt_level(parent):
+        # the release's protocol: the whole failed attempt, then the feedback, is the next state (Recovery@k)
+        from reterm.policies.transformers_policy import template_messages
+        from reterm.recovery.attempts import with_feedback
+
+        if not trajectory.steps:
+            return []
+        whole = trajectory.model_copy(update={"steps": with_feedback(trajectory.steps)})
+        prompt = template_messages(whole.to_messages())
+        category = result.primary.category if result.primary is not None else parent.category
+        state = PoolState(state_id=_state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
+                          prompt=prompt, category=category, source="online", parent_id=parent.state_id,
+                          created_step=step)  # fmt: skip
+        return [state] if _check_prompt(state) is None else []
     chosen = [s for s in result.states if s.primary] + [s for s in result.states if s.consequential and not s.primary]
     out = []
     for fs in chosen[:max_states]:

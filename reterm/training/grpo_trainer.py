@@ -23,6 +23,8 @@ is TRL's):
   term, and they do not count in ``dapo``'s token normaliser).
 - **Zero-variance groups** (all rewards equal: no gradient) are counted; ``dynamic_sampling`` ``skip``
   gives them zero loss weight, ``resample`` replaces them by groups from newly drawn states first (DAPO).
+- **Completion tokens only.** TRL's fused LM head scores only the completion tokens on GPUs; on CPUs it
+  scored every position: :func:`reterm.training.lean.lean_fused_lm_head` makes it score only those there too.
 - **Skipped zero-gradient micro-batches.** With ``beta: 0``, a micro-batch whose advantages are all 0
   (zero-variance groups, masked attempts) has an exactly zero gradient; ``compute_loss`` then skips the
   model's forward and backward (single process; ``reterm/skipped_microbatch_share``).
@@ -126,6 +128,9 @@ class ReTermGRPOTrainer(GRPOTrainer):
         if not isinstance(args, ReTermGRPOConfig):
             raise TypeError(f"args must be a ReTermGRPOConfig, got {type(args).__name__}")
         self.pool = pool
+        from reterm.training.lean import lean_fused_lm_head
+
+        lean_fused_lm_head()  # CPUs: log-probabilities of the completion tokens only, in small tiles
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_MASKED_FILTER)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")

@@ -1,0 +1,151 @@
+"""Benchmark of SFT: the kit's SFT (TRL's SFTTrainer as ``train/sft.py`` builds it from a recipe) against a bare
+torch forward and backward loop over the same batches.
+
+Each side runs in its own process (so that each peak memory is its own): the recipe's model (LoRA as in the
+recipe), dataset, collator and batch size; ``--steps`` optimiser steps after one warm-up step.
+
+- ``sft``: ``SFTTrainer.train()`` (its loss: TRL's chunked log-probabilities, only where the loss is).
+- ``bare``: the same trainer's model and training batches, ``loss = model(**batch).loss`` (transformers'
+  own loss over the full logits), ``loss.backward()``, ``AdamW.step()`` every ``gradient_accumulation_steps``.
+
+Prints tokens/s (every token of a batch, prompt included, counts) and peak resident memory (``ru_maxrss``:
+model, optimiser and activations included) of each, then one JSON line with ``sft_over_bare`` (target >= 0.67)
+and ``sft_peak_gb`` (target <= 3).
+
+Usage: ``python bench/sft_throughput.py [--config train/recipes/smollm2-135m/sft.yaml] [--steps 4]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sft_module():
+    spec = importlib.util.spec_from_file_location("reterm_train_sft", REPO / "train" / "sft.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_trainer(config: str, steps: int, out: str):
+    """The recipe's SFTTrainer as train/sft.py builds it (no evaluation, no saving)."""
+    from trl import SFTTrainer
+
+    from reterm.training.models import load_model, load_tokenizer, lora_config, resolve_model_name_or_path
+    from reterm.training.sft_data import load_records, to_sft_dataset
+
+    sft = _sft_module()
+    script_args, training_args, model_args, _ = sft.parse_args([
+        "--config", config, "--output_dir", out, "--max_steps", str(steps + 1), "--eval_strategy", "no",
+        "--eval_on_start", "False", "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1000",
+    ])  # fmt: skip
+    sft.lean_fused_lm_head()  # as train/sft.py does before building its trainer
+    resolved = resolve_model_name_or_path(model_args.model_name_or_path)
+    tokenizer = load_tokenizer(resolved, model_args.model_revision, training_args.trust_remote_code)
+    template_kwargs = None if script_args.enable_thinking is None else {"enable_thinking": script_args.enable_thinking}
+    train_ds = to_sft_dataset(load_records(script_args.dataset_name, script_args.dataset_train_split,
+                                           script_args.dataset_config), template_kwargs, None, None)  # fmt: skip
+    model = load_model(resolved, model_args, training_args.trust_remote_code, **(training_args.model_init_kwargs or {}))
+    return SFTTrainer(model=model, args=training_args, train_dataset=train_ds, processing_class=tokenizer,
+                      peft_config=lora_config(model_args))  # fmt: skip
+
+
+def run_side(side: str, config: str, steps: int) -> dict:
+    import torch
+    from transformers import TrainerCallback
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = build_trainer(config, steps, out)
+        accum = trainer.args.gradient_accumulation_steps
+        tokens, timed = [0], {"t0": None, "t1": None}
+        if side == "sft":
+            inner = trainer.compute_loss
+
+            def counting(model, inputs, *a, **k):
+                if timed["t0"] is not None:
+                    tokens[0] += int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else inputs["input_ids"].numel()
+                return inner(model, inputs, *a, **k)
+
+            trainer.compute_loss = counting
+
+            class Clock(TrainerCallback):
+                def on_step_end(self, args, state, control, **kw):
+                    if state.global_step == 1:
+                        timed["t0"] = time.perf_counter()
+                    timed["t1"] = time.perf_counter()
+
+            trainer.add_callback(Clock())
+            trainer.train()
+        else:
+            model = trainer.model
+            model.train()
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=trainer.args.learning_rate)
+            batches = iter(trainer.get_train_dataloader())
+            for step in range(steps + 1):
+                if step == 1:
+                    timed["t0"] = time.perf_counter()
+                for _ in range(accum):
+                    batch = next(batches)
+                    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels") if k in batch}
+                    if step >= 1:
+                        tokens[0] += int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else inputs["input_ids"].numel()
+                    (model(**inputs).loss / accum).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            timed["t1"] = time.perf_counter()
+    seconds = timed["t1"] - timed["t0"]
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return {"side": side, "tokens": tokens[0], "seconds": seconds, "tokens_per_s": tokens[0] / seconds, "peak_gb": peak_gb}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(REPO / "train/recipes/smollm2-135m/sft.yaml"))
+    ap.add_argument("--steps", type=int, default=4, help="timed optimiser steps (after one warm-up step)")
+    ap.add_argument("--side", choices=("sft", "bare"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.side:
+        print("RESULT " + json.dumps(run_side(args.side, args.config, args.steps)))
+        return 0
+
+    results = {}
+    for side in ("bare", "sft"):
+        proc = subprocess.run([sys.executable, __file__, "--side", side, "--config", args.config, "--steps", str(args.steps)],
+                              capture_output=True, text=True, cwd=REPO)  # fmt: skip
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise SystemExit(f"{side}: failed (exit {proc.returncode})")
+        results[side] = json.loads(line[len("RESULT "):])
+    load = os.getloadavg()
+    print(f"\nSFT throughput, {Path(args.config).relative_to(REPO) if Path(args.config).is_relative_to(REPO) else args.config}, "
+          f"{args.steps} optimiser steps (cpus {os.cpu_count()}, load average {load[0]:.1f} {load[1]:.1f})\n")  # fmt: skip
+    print("| loop | tokens | s | tokens/s | peak GB |")
+    print("|---|---:|---:|---:|---:|")
+    for side, r in results.items():
+        print(f"| {side} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | {r['peak_gb']:.2f} |")
+    ratio = results["sft"]["tokens_per_s"] / results["bare"]["tokens_per_s"]
+    peak = results["sft"]["peak_gb"]
+    ok = ratio >= 0.67 and peak <= 3
+    print(f"\nsft/bare = {ratio:.2f} (target >= 0.67), SFT peak {peak:.2f} GB (target <= 3): {'PASS' if ok else 'FAIL'}")
+    print(json.dumps({"sft_over_bare": round(ratio, 3), "sft_peak_gb": round(peak, 3),
+                      "sft_tokens_per_s": round(results["sft"]["tokens_per_s"], 1),
+                      "bare_tokens_per_s": round(results["bare"]["tokens_per_s"], 1),
+                      "bare_peak_gb": round(results["bare"]["peak_gb"], 3), "load_average": round(load[0], 2)}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
