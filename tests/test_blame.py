@@ -144,3 +144,15 @@ def test_memory_hog_is_oom_killed_and_the_recovery_passes():
     assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0, (traj.outcome, traj.metadata.get(BROKEN_KEY))
     assert traj.steps[0].exit_status == 137, traj.steps[0].observation
     assert health.oom_events >= 1 and "memory" in health.limits_hit
+
+
+def test_an_attempt_that_broke_its_sandbox_is_no_failure_state():
+    """Attempt-level runs (the release protocol) score it 0 and keep no snapshot to recover from."""
+    from reterm.recovery.attempts import release, run_attempts
+
+    (attempt,) = asyncio.run(run_attempts(ScriptedPolicy([REPLACE_LOGS]), [TASK], keep_failed_snapshots=True))
+    try:
+        assert attempt.trajectory.outcome is Outcome.FAILURE and attempt.trajectory.reward == 0.0
+        assert attempt.trajectory.metadata[BROKEN_KEY] and attempt.snapshot is None
+    finally:
+        release([attempt])
