@@ -37,7 +37,10 @@ class Outcome(str, Enum):
     Agent outcomes (``SUCCESS``, ``FAILURE``) are scored. Everything else is an infrastructure fault:
     it carries no reward signal, is reported apart, and never becomes a failure state.
     ``FAILURE`` covers every way the *agent* fails: wrong result, out of turns, out of its own time
-    budget (the agent timeout is the agent's fault, as in Terminal-Bench).
+    budget (the agent timeout is the agent's fault, as in Terminal-Bench), and a sandbox that stopped
+    working after one of its commands (its memory, processes or disk exhausted, its shell or terminal
+    killed for good, ``/logs`` destroyed: reward 0, ``metadata["broken_by_agent"]`` says how).
+    The rule is written out in docs/SCORING.md.
     """
 
     SUCCESS = "success"
@@ -57,15 +60,29 @@ class Outcome(str, Enum):
 
 
 StopReason = Literal[
-    "submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled", "context_length"
-]  # context_length: the conversation outgrew the model's context (an agent failure, not infra)
+    "submitted", "max_turns", "time_budget", "parse_errors", "infra_fault", "cancelled", "context_length",
+    "sandbox_broken",
+]  # context_length: the conversation outgrew the model's context (an agent failure, not infra);
+# sandbox_broken: the sandbox stopped working after an agent command (an agent failure, reward 0)
+
+
+def tool_call_id(index: int) -> str:
+    """The tool-call id of the step at ``index`` of a trajectory: ``call_<index>``.
+
+    Unique within a trajectory and stable (the same step always gets the same id), so chat messages,
+    ATIF trajectories and endpoint histories never hold two calls with one id (ATIF requires unique
+    ids; strict OpenAI-compatible servers reject a history that repeats one), and records stay
+    deduplicable.
+    """
+    return f"call_{index}"
 
 
 class Action(BaseModel):
     """A parsed model action.
 
     ``tool`` is ``"bash"`` (run ``command`` in the terminal, waiting at most ``timeout`` seconds) or
-    ``"submit"`` (declare the task done). ``call_id`` is the tool-call id used in chat messages.
+    ``"submit"`` (declare the task done). ``call_id`` is the tool-call id used in chat messages; in a
+    trajectory it is unique (:meth:`Trajectory.unique_call_ids`), by default :func:`tool_call_id`.
     """
 
     tool: Literal["bash", "submit"]
@@ -132,6 +149,27 @@ class Trajectory(BaseModel):
     def _prefix_within_steps(self) -> "Trajectory":
         if self.prefix_len > len(self.steps):
             raise ValueError(f"prefix_len {self.prefix_len} is larger than the number of steps ({len(self.steps)})")
+        self.unique_call_ids()
+        return self
+
+    def unique_call_ids(self) -> "Trajectory":
+        """Make the steps' tool-call ids unique, in place; returns ``self``.
+
+        A step whose id is empty or already used by an earlier step gets :func:`tool_call_id` of its
+        index (``_<n>`` appended if even that is taken); distinct ids are kept as they are, so the
+        ids of an imported trajectory survive.
+        """
+        seen: set[str] = set()
+        for step in self.steps:
+            if step.action is None:
+                continue
+            cid = step.action.call_id
+            if not cid or cid in seen:
+                cid, n = tool_call_id(step.index), 1
+                while cid in seen:
+                    cid, n = f"{tool_call_id(step.index)}_{n}", n + 1
+                step.action.call_id = cid
+            seen.add(cid)
         return self
 
     # ----------------------------------------------------------------------------------- scoring
@@ -161,8 +199,11 @@ class Trajectory(BaseModel):
         ``[system, user(instruction), assistant(tool_calls)|assistant(text), tool, ...]`` for
         ``steps[:upto]``. Tool-call ``arguments`` are JSON strings (as ``datasets`` stores them).
         A parse-error step becomes an assistant message with the raw text and a ``user`` message
-        holding the parse-error observation (there was no tool call to answer).
+        holding the parse-error observation (there was no tool call to answer). Tool-call ids are
+        unique (:meth:`unique_call_ids` runs first).
         """
+        self.unique_call_ids()
+
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": self.instruction},

@@ -617,7 +617,8 @@ class LiveRun:
             state = self._watch(traj)
         turns = 0
         while state is None and turns < req.max_turns:
-            if traj is not None and traj.stop_reason in ("submitted", "context_length", "time_budget", "infra_fault"):
+            if traj is not None and traj.stop_reason in ("submitted", "context_length", "time_budget", "infra_fault",
+                                                         "sandbox_broken"):
                 break
             if budget is not None and time.monotonic() - started >= budget:
                 break

@@ -5,6 +5,7 @@ Expected values are worked out by hand below from the trial list in build_fixtur
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from harbor.models.trial.result import TrialResult
 from harbor.utils.pass_at_k import compute_pass_at_k_by_evals
 
-from reterm.eval.metrics import classify_trial, load_job, pass_at_1, pass_at_k, pass_at_ks, summarize, task_counts
+from reterm.eval.metrics import classify_trial, load_job, pass_at_1, pass_at_k, pass_at_ks, reward_of, summarize, task_counts
 from reterm.trajectory import Outcome
 
 JOBS = Path(__file__).parent / "fixtures" / "jobs"
@@ -115,11 +116,37 @@ def test_a_torn_result_is_an_incomplete_trial_not_an_error(tmp_path, capsys):
     assert "task-b__demo3/result.json is not complete JSON" in capsys.readouterr().err
 
 
-def test_multi_reward_without_reward_key_is_an_error():
-    result = TrialResult.model_validate_json((JOBS / "demo" / "task-a__demo0" / "result.json").read_text())
-    result.verifier_result.rewards = {"a": 1.0, "b": 0.0}
-    with pytest.raises(ValueError, match="task-a__demo0"):
-        classify_trial(result)
+@pytest.mark.parametrize("rewards, says", [
+    ({"a": 1.0, "b": 0.0}, "several rewards ['a', 'b'] and none named 'reward'"),
+    ({"reward": 1.7}, "reward 'reward' is 1.7, outside [0, 1]"),
+    ({"reward": -1}, "reward 'reward' is -1.0, outside [0, 1]"),
+    ({"score": 2}, "reward 'score' is 2.0, outside [0, 1]"),
+])
+def test_a_bad_reward_is_a_verifier_fault_of_that_trial_only(tmp_path, rewards, says):
+    """Several keys without 'reward', or a value outside [0, 1]: a verifier fault naming the file and
+    the value; the other trials of the job still score."""
+    import shutil
+
+    from reterm.rewards import RewardError
+
+    for name in ("task-a__demo0", "task-b__demo3"):
+        shutil.copytree(JOBS / "demo" / name, tmp_path / name)
+    path = tmp_path / "task-a__demo0" / "result.json"
+    result = TrialResult.model_validate_json(path.read_text())
+    result.verifier_result.rewards = rewards
+    assert classify_trial(result) == (Outcome.VERIFIER_ERROR, None)
+    with pytest.raises(RewardError, match="task-a__demo0"):
+        reward_of(result)
+    path.write_text(result.model_dump_json())
+    (tmp_path / "task-a__demo0" / "verifier").mkdir(exist_ok=True)
+    (tmp_path / "task-a__demo0" / "verifier" / "reward.json").write_text(json.dumps(rewards))
+    job = load_job(tmp_path)
+    bad, good = job.trials
+    assert bad.outcome is Outcome.VERIFIER_ERROR and not bad.scored and bad.exception_type == "RewardError"
+    assert says in bad.exception_message and "task-a__demo0/verifier/reward.json" in bad.exception_message
+    assert good.scored and good.trial == "task-b__demo3"
+    summary = summarize(job.trials)
+    assert summary["infra_faults"]["by_exception"] == {"RewardError": 1} and summary["pass_at_1"]["n_trials"] == 1
 
 
 def test_recovery_within_trials_by_hand():

@@ -12,7 +12,8 @@
   command is the concatenated keystrokes of their ``bash_command`` calls; ``mark_task_complete``
   becomes a ``submit`` step; exit statuses are unknown (``None``).
 - :func:`from_messages`: the inverse of :meth:`Trajectory.to_messages` (the training format).
-  **Round trip**: ``to_messages(from_messages(m)) == m`` exactly, and ``from_messages(t.to_messages())``
+  **Round trip**: ``to_messages(from_messages(m)) == m`` exactly when ``m``'s tool-call ids are unique
+  (a repeated id is renamed ``call_<step index>``), and ``from_messages(t.to_messages())``
   equals ``t`` on :func:`conversation_view` (system prompt, instruction, and per step the action,
   the text around it, the parse outcome, the observation and the exit status / time-out read back
   from it). Not carried by chat messages, hence not restored: timings, token counts, ``extra``,
@@ -38,7 +39,7 @@ from reterm.agent.protocol import (
     parse_action,
     render_action,
 )
-from reterm.trajectory import Action, Outcome, Step, Trajectory, write_json_atomic
+from reterm.trajectory import Action, Outcome, Step, Trajectory, tool_call_id, write_json_atomic
 
 AGENT_NAME = "reterm"
 ATIF_FILE = "trajectory.json"  # Harbor's name for an agent's ATIF file in the trial's agent/ folder
@@ -76,6 +77,7 @@ def to_atif(traj: Trajectory, session_id: str | None = None) -> Any:
     from harbor.models.trajectories import ToolCall
     from harbor.models.trajectories import Trajectory as AtifTrajectory
 
+    traj.unique_call_ids()
     steps = [
         AtifStep(step_id=1, source="system", message=traj.system_prompt),
         AtifStep(step_id=2, source="user", message=traj.instruction),
@@ -336,7 +338,7 @@ def from_messages(
         name = fn.get("name")
         if name not in ("bash", "submit"):
             raise ValueError(f"messages[{i}]: unknown tool {name!r}")
-        call_id = calls[0].get("id") or "call_0"
+        call_id = calls[0].get("id") or tool_call_id(len(steps))
         feedback = None
         if name == "submit":
             action = Action(tool="submit", call_id=call_id)
@@ -441,7 +443,7 @@ def trajectory_from_trial(trial_dir: str | Path) -> Trajectory:
             traj.metadata["harbor_exception"] = exceptions[0].exception_type
         if not traj.task_id:
             traj.task_id = result.task_name.split("/")[-1]
-        outcome, reward = classify_trial(result)
+        outcome, reward = classify_trial(result, trial_dir)
         if not (keep_own and traj.outcome.is_infra_fault) and not (keep_own and outcome is Outcome.PENDING):
             if outcome.is_infra_fault:
                 traj.reward, traj.outcome = None, outcome

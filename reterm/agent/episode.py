@@ -14,7 +14,13 @@ own :class:`harbor.verifier.verifier.Verifier` (upload ``tests/``, run ``test.sh
 Outcome rules (:class:`reterm.trajectory.Outcome`; infrastructure faults are never agent outcomes):
 
 - ``policy.generate`` raised :class:`reterm.policies.base.EndpointError` -> ``ENDPOINT_ERROR``;
-- the environment failed under the terminal (:class:`reterm.agent.terminal.EnvironmentFault`) -> ``SANDBOX_ERROR``;
+- the environment failed under the terminal (:class:`reterm.agent.terminal.EnvironmentFault`) before the
+  agent acted, or the host ended the sandbox (its init died, or the host ran out of memory while the
+  sandbox was under its own limits) -> ``SANDBOX_ERROR``;
+- the sandbox stopped working after an agent command started (its memory, processes or disk
+  exhausted, its shell or terminal killed for good, ``/logs`` made unusable for the verifier) ->
+  ``FAILURE`` with reward 0, stop reason ``sandbox_broken``, the command recorded as a step with an
+  observation that says so, ``metadata["broken_by_agent"]`` naming what broke (docs/SCORING.md);
 - any other exception in the harness -> ``HARNESS_ERROR`` with the message;
 - the verifier crashed or wrote no reward -> ``VERIFIER_ERROR``; it ran over its time -> ``VERIFIER_TIMEOUT``;
 - otherwise the verifier's reward decides ``SUCCESS``/``FAILURE``, whatever stopped the agent
@@ -45,7 +51,8 @@ from reterm.agent.protocol import (
 )
 from reterm.agent.terminal import EnvironmentFault, ShellState, TerminalSession
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
-from reterm.trajectory import Outcome, Step, Trajectory
+from reterm.rewards import RewardError, reward_source, scalar_reward
+from reterm.trajectory import Outcome, Step, Trajectory, tool_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +183,72 @@ def _fault(exc: BaseException) -> tuple[Outcome, str]:
     return Outcome.HARNESS_ERROR, f"harness: {type(exc).__name__}: {exc}{where}"
 
 
+BROKEN_KEY = "broken_by_agent"  # trajectory metadata (and Harbor agent metadata): what the agent broke
+# Run as root after the episode (and after a verifier fault): can the verifier still work here?
+_VERIFIER_PATHS_PROBE = (
+    "mkdir -p /logs/verifier 2>&1 && touch /logs/verifier/.reterm-probe 2>&1 && rm -f /logs/verifier/.reterm-probe"
+    " && [ -x /bin/bash ] && [ -x /bin/sh ] && echo __reterm_ok__"
+)
+# Below this share of the host's memory available, a sandbox that died under its own limits is the host's fault.
+HOST_MEMORY_LOW = 0.02
+
+
+def _host_memory_low() -> bool:
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        total = int(info["MemTotal"].split()[0])
+        return int(info["MemAvailable"].split()[0]) < HOST_MEMORY_LOW * total
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def blame_breakage(environment: Any, why: str) -> tuple[bool, str]:
+    """Whose fault is a sandbox that stopped working after the agent acted: ``(agent, message)``.
+
+    The agent's, unless the environment shows the host did it: its init (which nothing inside can
+    kill) is gone, or the host is short of memory while the sandbox stayed within its own limits.
+    Environments that cannot say (no ``sandbox_health``) follow the rule: the agent's.
+    ``message`` adds the sandbox's own limits it ran into.
+    """
+    health_of = getattr(environment, "sandbox_health", None)
+    health = None
+    if callable(health_of):
+        with contextlib.suppress(Exception):
+            health = health_of()
+    if health is None:
+        return True, why
+    if not health.alive:
+        return False, f"{why}; the sandbox itself ended (host or harness)"
+    hit = list(health.limits_hit)
+    if not hit and _host_memory_low():
+        return False, f"{why}; the host is short of memory (the sandbox stayed within its limits)"
+    if hit:
+        why += f"; the sandbox ran out of {', '.join(hit)}"
+    return True, why
+
+
+async def verifier_paths_broken(environment: Any) -> str | None:
+    """What keeps the verifier from running in ``environment`` (``/logs/verifier`` not a writable
+    folder, no shell, exec failing), or ``None`` when it can run. Runs one short command as root."""
+    try:
+        r = await asyncio.wait_for(environment.exec(_VERIFIER_PATHS_PROBE, timeout_sec=30, user="root"), timeout=40)
+    except Exception as exc:  # exec itself failed: pids or memory exhausted, no shell, ...
+        return f"commands cannot run in the sandbox any more ({type(exc).__name__}: {str(exc)[:200]})"
+    if r.return_code == 0 and "__reterm_ok__" in (r.stdout or ""):
+        return None
+    said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
+    said = said or f"exit {r.return_code}"
+    return f"the verifier's folder /logs/verifier cannot be made writable or no shell is left ({said})"
+
+
+def mark_broken(traj: Trajectory, why: str) -> None:
+    """Score ``traj`` as an agent failure because the agent broke its sandbox: reward 0, ``FAILURE``,
+    stop reason ``sandbox_broken``, ``metadata["broken_by_agent"] = why``."""
+    traj.reward, traj.outcome, traj.error = 0.0, Outcome.FAILURE, None
+    traj.stop_reason = "sandbox_broken"
+    traj.metadata[BROKEN_KEY] = why
+
+
 async def _start_session(ep: _Episode) -> None:
     if ep.session is not None:
         return
@@ -193,8 +266,11 @@ async def _act(ep: _Episode, gen: Generation, generation_s: float, call_format: 
     parsed = parse_action(gen.text, call_format)  # type: ignore[arg-type]
     ep.parse_outcomes[parsed.outcome] += 1
     ep.turns += 1
+    index = len(ep.traj.steps)
+    if parsed.action is not None:
+        parsed.action = parsed.action.model_copy(update={"call_id": tool_call_id(index)})
     step = Step(
-        index=len(ep.traj.steps),
+        index=index,
         model_text=gen.text,
         reasoning=parsed.message_content or None,
         action=parsed.action,
@@ -226,7 +302,20 @@ async def _act(ep: _Episode, gen: Generation, generation_s: float, call_format: 
             timeout = max(0.1, min(timeout, remaining))
         t0 = time.monotonic()
         assert ep.session is not None
-        result = await ep.session.run(parsed.action.command or "", timeout)
+        try:
+            result = await ep.session.run(parsed.action.command or "", timeout)
+        except EnvironmentFault as exc:
+            # the sandbox stopped working once the agent's command had started
+            agent, why = blame_breakage(ep.spec.environment, f"the terminal failed after this command: {exc}")
+            if not agent:
+                raise EnvironmentFault(why) from exc
+            step.execution_s = time.monotonic() - t0
+            step.observation = f"[the sandbox stopped working: {why}]"
+            step.extra[BROKEN_KEY] = why
+            ep.traj.steps.append(step)
+            ep.done = True
+            mark_broken(ep.traj, why)
+            return step
         step.execution_s = time.monotonic() - t0
         step.observation = result.observation(note=parsed.note)
         step.exit_status = result.exit_status if not result.timed_out else None
@@ -371,11 +460,26 @@ async def run_episodes(
             ep.traj.metadata["terminal_restarts"] = ep.session.restarts
         ep.traj.metadata["_loop_s"] = loop_s
 
+    async def probe(ep: _Episode) -> None:
+        # an episode that ended normally may still have left a sandbox the verifier cannot use
+        if ep.traj.outcome.is_infra_fault or BROKEN_KEY in ep.traj.metadata or not ep.started:
+            return
+        broken = await verifier_paths_broken(ep.spec.environment)
+        if broken is None:
+            return
+        agent, why = blame_breakage(ep.spec.environment, broken)
+        if agent:
+            mark_broken(ep.traj, why)
+        else:
+            ep.traj.outcome, ep.traj.error = Outcome.SANDBOX_ERROR, f"sandbox: {why}"
+
+    await asyncio.gather(*(probe(ep) for ep in eps))
+
     if verify:
         dirs = list(trial_dirs) if trial_dirs is not None else [None] * len(eps)
 
         async def check(ep: _Episode, trial_dir: str | Path | None) -> None:
-            if ep.traj.outcome.is_infra_fault:
+            if ep.traj.outcome.is_infra_fault or BROKEN_KEY in ep.traj.metadata:
                 return
             t0 = time.monotonic()
             await run_verifier(ep.spec.environment, ep.task, ep.traj, trial_dir=trial_dir)
@@ -425,7 +529,8 @@ async def run_episode(
 @dataclass
 class VerifierOutcome:
     """What the verifier said: ``reward`` (``None`` on a fault), all ``rewards``, the fault message
-    (``error``), whether it timed out, its duration in seconds and the tail of its output."""
+    (``error``), whether it timed out, its duration in seconds and the tail of its output.
+    ``broken_by_agent`` says why a fault is the agent's (it left no usable sandbox or ``/logs``)."""
 
     reward: float | None
     rewards: dict[str, Any] = field(default_factory=dict)
@@ -433,6 +538,7 @@ class VerifierOutcome:
     timed_out: bool = False
     duration_s: float = 0.0
     output_tail: str = ""
+    broken_by_agent: str | None = None
 
 
 async def run_verifier(
@@ -445,10 +551,14 @@ async def run_verifier(
 ) -> VerifierOutcome:
     """Run the task's verifier against ``environment`` with Harbor's ``Verifier`` (no ``Trial`` needed).
 
-    The reward is ``rewards["reward"]`` (or the only value when there is one). A crash, a missing or
-    unreadable reward file -> an error outcome; exceeding ``timeout_s`` (default the task's
-    ``[verifier] timeout_sec``) -> a timeout. With ``trajectory``, :meth:`Trajectory.set_reward` records
-    the result (and the verifier's output tail goes to ``metadata["verifier_output_tail"]``).
+    The reward is read by :func:`reterm.rewards.scalar_reward` (``rewards["reward"]`` or the only
+    value, a number in [0, 1]). A crash, a missing, unreadable, ambiguous or out-of-range reward -> an
+    error outcome naming the file and the value; exceeding ``timeout_s`` (default the task's
+    ``[verifier] timeout_sec``) -> a timeout. A fault where the agent left no usable sandbox or
+    ``/logs`` (:func:`verifier_paths_broken`, :func:`blame_breakage`) is the agent's failure instead:
+    ``broken_by_agent`` is set and the trajectory scored 0 (:func:`mark_broken`). With ``trajectory``,
+    :meth:`Trajectory.set_reward` records the result (and the verifier's output tail goes to
+    ``metadata["verifier_output_tail"]``).
 
     Args:
         environment: the started Harbor environment the agent worked in.
@@ -483,12 +593,13 @@ async def run_verifier(
             result = await asyncio.wait_for(verifier.verify(), timeout=timeout)
         rewards = dict(result.rewards or {})
         outcome.rewards = rewards
-        if "reward" in rewards:
-            outcome.reward = float(rewards["reward"])
-        elif len(rewards) == 1:
-            outcome.reward = float(next(iter(rewards.values())))
+        try:
+            outcome.reward = scalar_reward(rewards, reward_source(paths.verifier_dir))
+        except RewardError as exc:
+            outcome.error = f"verifier: {exc}"
         else:
-            outcome.error = f"verifier wrote no 'reward' value (keys: {sorted(rewards)})"
+            if outcome.reward is None:
+                outcome.error = f"verifier wrote no reward ({reward_source(paths.verifier_dir)})"
     except asyncio.TimeoutError:
         outcome.timed_out, outcome.error = True, f"verifier timed out after {timeout:g} s"
     except Exception as exc:
@@ -502,7 +613,18 @@ async def run_verifier(
             pass
         if tmp is not None:
             tmp.cleanup()
-    if trajectory is not None:
+    broken = None
+    if outcome.reward is None and not outcome.timed_out:
+        # a verifier fault: the agent's doing when it left no usable /logs or no working sandbox
+        broken = await verifier_paths_broken(environment)
+        if broken is not None:
+            agent, why = blame_breakage(environment, broken)
+            broken = why if agent else None
+            outcome.error = f"{outcome.error}; {why}"
+            outcome.broken_by_agent = broken
+    if trajectory is not None and broken is not None:
+        mark_broken(trajectory, broken)
+    elif trajectory is not None:
         trajectory.set_reward(outcome.reward, error=outcome.error, timed_out=outcome.timed_out)
         trajectory.metadata["verifier_output_tail"] = outcome.output_tail
         if outcome.rewards:

@@ -24,8 +24,10 @@ results) unless ``LITELLM_LOCAL_MODEL_COST_MAP=True``: the kit's entry points (`
 ``train/run_all.sh``, ``reterm.eval.run``, the Space) set it, and so does importing this module (Harbor loads
 the agent before it imports LiteLLM), unless the caller chose a value.
 
-Infrastructure faults of the episode (model endpoint, sandbox, harness) are raised after the
-trajectory is written, so Harbor records them in ``result.json`` (``exception_info``) and
+An episode in which the agent broke its sandbox (docs/SCORING.md) returns normally with
+``broken_by_agent`` in the agent metadata, so the evaluation scores it as a failure although Harbor's
+verifier then fails. Infrastructure faults of the episode (model endpoint, sandbox, harness) are
+raised after the trajectory is written, so Harbor records them in ``result.json`` (``exception_info``) and
 :func:`reterm.agent.trial_outcome.classify_trial` keeps them out of the scores.
 """
 
@@ -45,7 +47,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from reterm.agent.atif import AGENT_NAME, _version, write_trial_files
-from reterm.agent.episode import DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
+from reterm.agent.episode import BROKEN_KEY, DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
 from reterm.trajectory import Step, Trajectory
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # see the module docstring
@@ -246,5 +248,9 @@ class ReTermAgent(BaseAgent):
             "turns": traj.metadata.get("turns"),
             "parse_outcomes": traj.metadata.get("parse_outcomes"),
         }
+        if traj.metadata.get(BROKEN_KEY):
+            # the agent broke its sandbox: Harbor's verifier will fail next, and the evaluation
+            # (reterm.agent.trial_outcome.classify_trial) scores the trial as this agent failure, reward 0
+            context.metadata[BROKEN_KEY] = traj.metadata[BROKEN_KEY]
         if traj.outcome.is_infra_fault:
             raise EpisodeFault(f"{traj.outcome.value}: {traj.error}")

@@ -9,8 +9,10 @@ and shell state (cwd, variables, an activated venv) persists between actions. On
 Written for this kit rather than reusing Terminus-2's ``TmuxSession`` because that class waits for a
 command by appending ``; tmux wait -S done`` to the keystrokes (which breaks keystrokes meant for an
 interactive program), returns whole screens rather than a command's output, and has no exit status,
-restart or shell-state transfer. Ideas taken from it: keystrokes via ``send-keys``, long text via a
-tmux paste buffer, a private history limit, ``capture-pane -J``.
+restart or shell-state transfer. Ideas taken from it: a tmux paste buffer for text, a private history
+limit, ``capture-pane -J``. What the agent types reaches the terminal byte for byte: at the prompt
+through a paste buffer, into a running program as hexadecimal keys (``send-keys -H``); never as tmux
+command arguments, which tmux splits at a trailing ``;``.
 
 How a command is followed:
 
@@ -153,7 +155,9 @@ _PANE_DEAD_RE = re.compile(r"\n*^Pane is dead \([^\n]*\)\s*$", re.MULTILINE)
 class EnvironmentFault(RuntimeError):
     """The environment failed under the terminal (``exec`` raised or timed out, tmux cannot start).
 
-    An infrastructure fault (:attr:`reterm.trajectory.Outcome.SANDBOX_ERROR`), never an agent failure.
+    An infrastructure fault (:attr:`reterm.trajectory.Outcome.SANDBOX_ERROR`) when it happens before
+    the agent acts or the host is to blame; raised while an agent command runs, the episode loop
+    scores it as the agent's failure (:func:`reterm.agent.episode.blame_breakage`, docs/SCORING.md).
     """
 
 
@@ -620,7 +624,15 @@ class TerminalSession:
         return reading if known else idle_for >= 3 * self.idle_s
 
     async def _send(self, command: str, at_prompt: bool) -> str:
-        """Type ``command`` and press Enter (or press a lone key name). Returns the shell text used."""
+        """Type ``command`` and press Enter (or press a lone key name). Returns the shell text used.
+
+        The bytes reach the terminal unchanged: tmux's own command parser never sees the text, because
+        ``send-keys`` splits its arguments at a trailing ``;`` (``find -exec ... \\;`` would arrive as
+        ``... ;``) and ``-l`` reads UTF-8 only. At the shell prompt the text goes through a paste
+        buffer, bracketed when the program asked for it (``-p``), so bash reads a multi-line command
+        as one input and TABs are not completion; typed into a running program, each byte is sent
+        as a hexadecimal key (``send-keys -H``), as if typed. Long text always uses the buffer.
+        """
         target = f"-t {SESSION}"
         key = command.strip()
         if command == "":
@@ -628,15 +640,17 @@ class TerminalSession:
         if key in SPECIAL_KEYS and "\n" not in command:
             return f"{self._tmux} send-keys {target} {shlex.quote(key)}"
         text = command.rstrip("\n")
-        quoted = shlex.quote(text)
-        if (at_prompt and ("\n" in text or "\t" in text)) or len(quoted) > 8000:
-            # a paste buffer: bracketed paste (-p) when the program asked for it, so bash reads a
-            # multi-line command as one input (one prompt at the end; TABs are not completion)
+        data = text.encode("utf-8", errors="surrogateescape")
+        enter = f"{self._tmux} send-keys {target} Enter"
+        if not data:
+            return enter
+        if at_prompt or len(data) > 2000:
             return (
-                f"printf '%s' {quoted} | {self._tmux} load-buffer -b reterm - && "
-                f"{self._tmux} paste-buffer -p -d -b reterm {target} && {self._tmux} send-keys {target} Enter"
+                f"printf '%s' {shlex.quote(text)} | {self._tmux} load-buffer -b reterm - && "
+                f"{self._tmux} paste-buffer -p -d -b reterm {target} && {enter}"
             )
-        return f"{self._tmux} send-keys {target} -l -- {quoted} \\; send-keys {target} Enter"
+        keys = " ".join(f"{b:02x}" for b in data)
+        return f"{self._tmux} send-keys {target} -H {keys} \\; send-keys {target} Enter"
 
     async def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Type ``command`` into the terminal and wait for its result.

@@ -29,13 +29,23 @@ Rules (and where they come from)
   file is an error, not a zero").
 * **Pass**: the reward (the ``reward`` key of ``verifier_result.rewards``, or its only key) is at least
   :data:`reterm.trajectory.PASS_THRESHOLD` (1.0; Terminal-Bench rewards are 0/1).
+* **What the agent breaks is its failure** (docs/SCORING.md): a trial whose agent recorded
+  ``broken_by_agent`` (the sandbox stopped working after one of its commands, or ``/logs`` was made
+  unusable) is a ``FAILURE`` with reward 0 even though Harbor's verifier then failed; the report counts
+  these apart (``broken_by_agent``).
+* **A reward that cannot be scored** (several keys and none named ``reward``, outside [0, 1]; the one
+  reader :func:`reterm.rewards.scalar_reward`) is a verifier fault of that trial only
+  (``exception_type`` ``RewardError``, the message naming the file and the value); the report goes on.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harbor.models.trial.error_policy import ERROR_POLICIES
 from harbor.models.trial.result import ExceptionInfo, TrialResult
 
+from reterm.rewards import RewardError, reward_source, scalar_reward
 from reterm.trajectory import PASS_THRESHOLD, Outcome
 
 # Harbor exception type -> fault outcome. Types not listed here but marked has_valid_reward=False by
@@ -101,28 +111,44 @@ def task_name(result: TrialResult) -> str:
     return result.task_name.split("/")[-1]
 
 
-def reward_of(result: TrialResult) -> float | None:
-    """The scalar reward of a trial: ``rewards["reward"]``, or the only value; ``None`` when absent.
+def reward_of(result: TrialResult, trial_dir: str | Path | None = None) -> float | None:
+    """The checked scalar reward of a trial (:func:`reterm.rewards.scalar_reward`): ``rewards["reward"]``,
+    or the only value; ``None`` when absent.
 
-    Raises ``ValueError`` naming the trial when several rewards are given and none is called ``reward``.
+    Raises :class:`reterm.rewards.RewardError` naming the reward file (``trial_dir/verifier/...``, else
+    the trial) and the value when several rewards are given and none is called ``reward``, or the
+    value is not a number in [0, 1].
     """
     rewards = result.verifier_result.rewards if result.verifier_result else None
-    if not rewards:
-        return None
-    if "reward" in rewards:
-        return float(rewards["reward"])
-    if len(rewards) == 1:
-        return float(next(iter(rewards.values())))
-    raise ValueError(
-        f"trial {result.trial_name}: several rewards {sorted(rewards)} and none named 'reward'; "
-        "cannot score a multi-reward task as pass/fail"
-    )
+    where = f"trial {result.trial_name}: reward file"
+    source = reward_source(Path(trial_dir) / "verifier" if trial_dir is not None else None, fallback=where)
+    if source != where:
+        source = f"trial {result.trial_name}: {source}"
+    return scalar_reward(rewards, source)
 
 
-def classify_trial(result: TrialResult) -> tuple[Outcome, float | None]:
-    """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring."""
+def broken_by_agent(result: TrialResult) -> str | None:
+    """What the agent broke in its sandbox, as this kit's agent recorded it in Harbor's agent metadata
+    (``broken_by_agent``; docs/SCORING.md), or ``None``."""
+    meta = result.agent_result.metadata if result.agent_result else None
+    value = (meta or {}).get("broken_by_agent")
+    return str(value) if value else None
+
+
+def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> tuple[Outcome, float | None]:
+    """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring.
+
+    A trial whose agent broke its sandbox (:func:`broken_by_agent`) is a ``FAILURE`` with reward 0,
+    whatever the verifier did next. A reward that cannot be scored (:class:`reterm.rewards.RewardError`)
+    makes the trial a verifier fault (``VERIFIER_ERROR``, no reward); :func:`reterm.eval.metrics.score_trial` keeps its message.
+    """
     exceptions = result.recorded_exceptions()
-    reward = reward_of(result)
+    if broken_by_agent(result):
+        return Outcome.FAILURE, 0.0
+    try:
+        reward = reward_of(result, trial_dir)
+    except RewardError:
+        return Outcome.VERIFIER_ERROR, None
     for exc in exceptions:
         if not _is_agent_outcome(exc):
             return _fault_outcome(exc.exception_type, exc.exception_message), reward

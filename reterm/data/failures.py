@@ -36,6 +36,7 @@ class MinedStates:
     failed_trials: int = 0
     unexplained: int = 0  # failed trials without any failure state (e.g. out of turns while working)
     duplicates: int = 0
+    broken_sandboxes: int = 0  # failed because the agent broke its sandbox: nothing to recover in
     step_labels: Counter = field(default_factory=Counter)
 
     def summary(self) -> dict[str, Any]:
@@ -44,6 +45,7 @@ class MinedStates:
             "states": len(self.states),
             "unexplained_trials": self.unexplained,
             "duplicate_states": self.duplicates,
+            "broken_sandbox_trials": self.broken_sandboxes,
             "per_category": dict(sorted(Counter(s.category for s in self.states).items())),
             "step_labels": dict(sorted(self.step_labels.items())),
         }
@@ -60,6 +62,11 @@ def mine_states(failed: list[Trajectory], cfg: FailuresConfig) -> MinedStates:
         :class:`MinedStates`, states sorted by (task, id).
     """
     out = MinedStates(failed_trials=len(failed))
+    # a trial that broke its sandbox (docs/SCORING.md) is a scored failure, but its state cannot be
+    # forked into a recovery attempt: the sandbox no longer runs commands or the verifier
+    kept = [t for t in failed if not t.metadata.get("broken_by_agent")]
+    out.broken_sandboxes = len(failed) - len(kept)
+    failed = kept
     seen: set[str] = set()
     for result in localise_many(failed, make_classifier(cfg)):
         out.step_labels.update(label for label in result.step_labels if label)

@@ -39,7 +39,8 @@ from typing import Any, Iterable
 
 from harbor.models.trial.result import TrialResult
 
-from reterm.agent.trial_outcome import classify_trial, reward_of, task_name  # noqa: F401  (reward_of: re-exported)
+from reterm.agent.trial_outcome import broken_by_agent, classify_trial, reward_of, task_name  # noqa: F401
+from reterm.rewards import RewardError
 from reterm.trajectory import Outcome
 
 
@@ -64,6 +65,7 @@ class TrialScore:
     exception_message: str | None = None
     agent_timed_out: bool = False
     agent_s: float | None = None
+    broken_by_agent: str | None = None
 
     @property
     def scored(self) -> bool:
@@ -77,9 +79,15 @@ class TrialScore:
 
 def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
     """A :class:`TrialScore` from a trial result (see :func:`classify_trial`)."""
-    outcome, reward = classify_trial(result)
+    outcome, reward = classify_trial(result, trial_dir)
     exceptions = result.recorded_exceptions()
     first = exceptions[0] if exceptions else None
+    exception_type = first.exception_type if first else None
+    exception_message = first.exception_message[:500] if first else None
+    try:
+        reward_of(result, trial_dir)
+    except RewardError as exc:  # the trial's own fault; the rest of the report goes on
+        exception_type, exception_message = "RewardError", str(exc)[:500]
     timing = result.agent_execution
     agent_s = None
     if timing and timing.started_at and timing.finished_at:
@@ -92,10 +100,11 @@ def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
         model=result.agent_info.model_info.name if result.agent_info.model_info else None,
         outcome=outcome,
         reward=reward,
-        exception_type=first.exception_type if first else None,
-        exception_message=(first.exception_message[:500] if first else None),
+        exception_type=exception_type,
+        exception_message=exception_message,
         agent_timed_out=any(e.exception_type == "AgentTimeoutError" for e in exceptions),
         agent_s=agent_s,
+        broken_by_agent=broken_by_agent(result),
     )
 
 
@@ -218,7 +227,8 @@ def summarize(trials: list[TrialScore], incomplete: list[str] | None = None,
     Returns ``{"pass_at_1": {mean, stderr, n_trials, n_tasks}, "pass_at_k": {k: value},
     "per_task": {task: {n_trials, n_passed, pass_rate, n_infra_faults, n_agent_timeouts, categories,
     difficulty}}, "infra_faults": {n, by_outcome, by_exception, trials: [...]}, "agent_timeouts": n,
-    "n_trials_total": n}``. ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
+    "broken_by_agent": n (agent failures: the agent broke its sandbox), "n_trials_total": n}``.
+    ``task_info`` (``tasks/splits.json``'s ``tasks``) adds categories/difficulty.
     """
     counts = task_counts(trials)
     p1 = pass_at_1(counts)
@@ -251,6 +261,7 @@ def summarize(trials: list[TrialScore], incomplete: list[str] | None = None,
             ],
         },
         "agent_timeouts": sum(1 for t in trials if t.agent_timed_out and t.scored),
+        "broken_by_agent": sum(1 for t in trials if t.broken_by_agent and t.scored),
         "n_trials_total": len(trials) + len(incomplete or []),
     }
 

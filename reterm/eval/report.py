@@ -23,7 +23,8 @@
                              "n_agent_timeouts", "categories", "difficulty"}},
          "infra_faults": {"n", "by_outcome": {outcome: n}, "by_exception": {type: n},
                           "incomplete_trials", "trials": [{task, trial, outcome, exception, message}]},
-         "agent_timeouts": int, "n_trials_total": int,
+         "agent_timeouts": int, "broken_by_agent": int,   # scored failures: timeouts, sandboxes the agent broke
+         "n_trials_total": int,
          "recovery": {category: {"failure_states": int, "recovered": int, "rate": float | None,
                                  "stderr": float | None}},      # within trials; {} without trajectories
          "recovery_from_states": {category: {"failure_states": int,   # distinct states attempted
@@ -102,18 +103,20 @@ def markdown(results: dict[str, Any]) -> str:
            if h["timeouts_modified"] else "timeouts as the tasks define them") + ".",
         "",
         "Pass@1 in % (mean over tasks of the per-task pass rate ± standard error over trials); "
-        "infrastructure faults are excluded from every denominator and counted apart; agent timeouts are failures.",
+        "infrastructure faults are excluded from every denominator and counted apart; agent timeouts and "
+        "sandboxes the agent broke (docs/SCORING.md) are failures.",
         "",
         "| model | agent | Pass@1 (%) | " + "".join(f"pass@{k} (%) | " for k in ks)
-        + "scored trials | tasks | infra faults | agent timeouts |",
-        "|---|---|---|" + "---|" * len(ks) + "---|---|---|---|",
+        + "scored trials | tasks | infra faults | agent timeouts | broke its sandbox |",
+        "|---|---|---|" + "---|" * len(ks) + "---|---|---|---|---|",
     ]
     for m in models:
         p = m["pass_at_1"]
         lines.append(
             f"| {m['name']} | {m['agent']} | {_pass1(p)} | "
             + "".join(f"{_pct(m['pass_at_k'].get(str(k)))} | " for k in ks)
-            + f"{p['n_trials']} | {p['n_tasks']} | {m['infra_faults']['n']} | {m['agent_timeouts']} |"
+            + f"{p['n_trials']} | {p['n_tasks']} | {m['infra_faults']['n']} | {m['agent_timeouts']} | "
+            + f"{m.get('broken_by_agent', 0)} |"
         )
     lines += ["", "Agents: " + "; ".join(
         f"**{m['name']}** = {m['agent']}"

@@ -49,22 +49,50 @@ _RETRY_STATUS = {408, 409, 429}
 def api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages in the strict OpenAI request shape: only ``role``, ``content``, ``tool_calls``
     (``arguments`` as JSON strings), ``tool_call_id`` and ``name`` (tool messages); empty
-    ``tool_calls`` lists dropped (OpenAI rejects them)."""
+    ``tool_calls`` lists dropped (OpenAI rejects them).
+
+    Tool-call ids are unique in the result (strict servers reject a history that repeats one): a
+    call without an id, or with one an earlier call already used, gets ``call_<n>`` (``n`` counting
+    the calls of the history), and the tool messages that answer it follow (by that id, else in order).
+    """
     out = []
+    seen: set[str] = set()
+    n_calls = 0
+    renamed: dict[str, str] = {}  # ids of the last assistant message's calls -> the ids sent
+    unanswered: list[str] = []  # ids sent for the last assistant message, not yet answered
     for m in messages:
         msg: dict[str, Any] = {"role": m["role"], "content": m.get("content") if m.get("content") is not None else ""}
         if m.get("tool_calls"):
             calls = []
-            for i, call in enumerate(m["tool_calls"]):
+            renamed, unanswered = {}, []
+            for call in m["tool_calls"]:
                 fn = call.get("function", call)
                 args = fn.get("arguments", {})
+                given = call.get("id") or ""
+                cid, k = given, n_calls
+                while not cid or cid in seen:
+                    cid, k = f"call_{k}", k + 1
+                n_calls += 1
+                seen.add(cid)
+                renamed.setdefault(given, cid)
+                unanswered.append(cid)
                 calls.append({
-                    "id": call.get("id") or f"call_{i}",
+                    "id": cid,
                     "type": "function",
                     "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
                 })  # fmt: skip
             msg["tool_calls"] = calls
-        if m.get("tool_call_id"):
+        if m["role"] == "tool":
+            given = m.get("tool_call_id") or ""
+            cid = renamed.pop(given, None) if given in renamed else None
+            if cid is None and unanswered and (not given or given not in seen):
+                cid = unanswered[0]
+            cid = cid or given
+            if cid in unanswered:
+                unanswered.remove(cid)
+            if cid:
+                msg["tool_call_id"] = cid
+        elif m.get("tool_call_id"):
             msg["tool_call_id"] = m["tool_call_id"]
         if m["role"] == "tool" and m.get("name"):
             msg["name"] = m["name"]

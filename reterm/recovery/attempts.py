@@ -177,7 +177,9 @@ async def run_attempts(
         async def finish(i: int, traj: Trajectory) -> None:
             env = started[i]
             snap = None
-            if not traj.outcome.is_infra_fault:
+            # an attempt that broke its sandbox is already scored (docs/SCORING.md): no verifier, and no
+            # failure state to recover from
+            if not traj.outcome.is_infra_fault and not traj.metadata.get("broken_by_agent"):
                 if keep_failed_snapshots:
                     snap = await env.snapshot()
                 with tempfile.TemporaryDirectory(prefix="reterm-verify-") as tmp:

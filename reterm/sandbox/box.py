@@ -59,7 +59,7 @@ from pathlib import Path
 
 from reterm.io import write_text_atomic
 from reterm.sandbox import rootless
-from reterm.sandbox.cgroups import Cgroups, open_cgroups
+from reterm.sandbox.cgroups import Cgroups, host_budget, open_budget, open_cgroups
 from reterm.sandbox.errors import ExecTimeoutError, SandboxError  # noqa: F401  (ExecTimeoutError: re-exported)
 from reterm.sandbox.paths import proc_start_time, sub
 from reterm.sandbox.preflight import require_capabilities_or_explain, require_root_or_explain
@@ -73,6 +73,62 @@ SANDBOX_CAPS: tuple[str, ...] = (
     "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT",
     "CAP_AUDIT_WRITE",
 )  # fmt: skip
+
+# Admission against the host budget (Box._admit, _share_pids).
+ADMISSION_TIMEOUT_S = 120.0
+MIN_SANDBOX_PIDS = 256
+MIN_SANDBOX_MEMORY_MB = 256
+# The default pids limit lets this many sandboxes (a GRPO group) run at their cap within the budget.
+SANDBOXES_PER_BUDGET = 8
+MAX_DEFAULT_PIDS = 4096
+
+
+def default_pids_max() -> int:
+    """The default pids limit of a sandbox: the host budget's pids over :data:`SANDBOXES_PER_BUDGET`,
+    at most :data:`MAX_DEFAULT_PIDS` and at least :data:`MIN_SANDBOX_PIDS` (3072 on a host with
+    ``kernel.pid_max`` 32768). With more sandboxes running, :func:`_share_pids` lowers it further."""
+    pids = host_budget().pids
+    if not pids:
+        return MAX_DEFAULT_PIDS
+    return max(MIN_SANDBOX_PIDS, min(MAX_DEFAULT_PIDS, pids // SANDBOXES_PER_BUDGET))
+
+
+def _share_pids() -> None:
+    """Give every running sandbox of this process a fair share of the budget's pids.
+
+    Each sandbox's pids limit is its request (``BoxSpec.pids_max``), at most the budget over the
+    number of running sandboxes (a share of at least :data:`MIN_SANDBOX_PIDS`); limits are rewritten as
+    sandboxes start and stop. So the limits add up to the budget at most (beyond
+    ``budget / MIN_SANDBOX_PIDS`` sandboxes the floor wins and the budget's own cgroup limit still
+    holds the total), and fork bombs in some sandboxes cannot take the others' processes. A limit
+    lowered below what a sandbox runs only stops its new forks.
+    """
+    budget = open_budget()
+    total = budget.usage().get("pids_max") if budget is not None else None
+    with _live_lock:
+        boxes = [b for b in _live.values() if b.cgroups is not None and b.spec.pids_max]
+        share = total // max(1, len(boxes)) if total else None
+        for b in boxes:
+            grant = b.spec.pids_max if share is None else min(b.spec.pids_max, max(MIN_SANDBOX_PIDS, share))
+            if grant != b.pids_max or not b._pids_written:
+                with contextlib.suppress(OSError):
+                    b.cgroups.set_limits(memory_bytes=None, pids_max=grant, cpus=None)
+                    b._pids_written = True
+                b.pids_max = grant
+
+
+def budget_usage() -> dict[str, int | None]:
+    """What all sandboxes of the host budget use now (:meth:`reterm.sandbox.cgroups.Cgroups.usage` of
+    the budget's parent cgroup: ``pids``, ``pids_max``, ``memory_bytes``, ``memory_limit_bytes``...),
+    plus ``pids_granted`` by this process's running sandboxes; ``{}`` without cgroups."""
+    budget = open_budget()
+    if budget is None:
+        return {}
+    out = budget.usage()
+    with _live_lock:
+        out["pids_granted"] = sum(b.pids_max or 0 for b in _live.values())
+    return out
+
 
 # Rootless mode without cgroups: each exec's processes carry this variable (see Box._kill_marked).
 EXEC_MARKER_VAR = "RETERM_EXEC_ID"
@@ -193,6 +249,29 @@ class BoxSpec:
     binds: list[tuple[str, str, bool]] = field(default_factory=list)
     hostname: str = "sandbox"
     prepare: str = ""
+
+
+@dataclass
+class BoxHealth:
+    """A look at a running (or dead) sandbox, from the host. Bytes and counts; ``None`` where unknown.
+
+    ``alive``: the sandbox's init and holder still run (only the host or the harness can end them:
+    init ignores signals from inside, the holder lives outside). ``limits_hit``: which of the
+    sandbox's own limits it ran into so far, among ``"memory"`` (its cgroup's OOM killer ran),
+    ``"pids"`` (a fork was refused at ``pids_max``) and ``"storage"`` (the writable layer is full).
+    """
+
+    alive: bool
+    limits_hit: list[str] = field(default_factory=list)
+    memory_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    oom_events: int | None = None
+    pids: int | None = None
+    pids_max: int | None = None
+    pids_max_events: int | None = None
+    storage_bytes: int | None = None
+    storage_limit_bytes: int | None = None
 
 
 @dataclass
@@ -320,6 +399,8 @@ class Box:
         self._close_lock = threading.Lock()
         self.on_close: list[Callable[[], None]] = []
         self.started_at = time.time()
+        self.pids_max: int | None = spec.pids_max  # as granted (:func:`_share_pids`)
+        self._pids_written = False
 
     # ------------------------------------------------------------------------------- start
     @classmethod
@@ -364,9 +445,10 @@ class Box:
         self.mnt.mkdir(parents=True)
         self.cgroups = open_cgroups(f"reterm-{os.getpid()}-{self.id}")
         if self.cgroups is not None:
+            self.pids_max = self._admit()
             self.cgroups.set_limits(
                 memory_bytes=spec.memory_mb * 2**20 if spec.memory_mb else None,
-                pids_max=spec.pids_max,
+                pids_max=self.pids_max,
                 cpus=spec.cpus,
             )
         elif self.mode == "rootless":
@@ -377,7 +459,7 @@ class Box:
             logger.warning("cgroups are not writable here: the sandbox runs without memory/pids/cpu limits")
         self._write_state()
         with _live_lock:
-            _live[self.id] = self
+            _live[self.id] = self  # (already there when admitted against the host budget)
 
         if spec.upper is not None:
             (spec.upper / "upper").mkdir(parents=True, exist_ok=True)
@@ -529,6 +611,35 @@ class Box:
                 v = value if hard == resource.RLIM_INFINITY else min(value, hard)
                 out.append(f"{flag}={v}:{v}")
         return out + ["--"] if len(out) > 1 else []
+
+    def _admit(self) -> int | None:
+        """Admit this sandbox against the host budget (:func:`reterm.sandbox.cgroups.host_budget`);
+        returns the pids limit it gets.
+
+        Memory is admitted by use: the budget's free memory must hold :data:`MIN_SANDBOX_MEMORY_MB`,
+        else the start waits up to :data:`ADMISSION_TIMEOUT_S` for sandboxes to end. Pids are shared
+        fairly (:func:`_share_pids`): never waiting, so a group that starts together always starts.
+
+        Raises:
+            SandboxError: the budget's memory stayed full (an infrastructure fault; nothing was started).
+        """
+        budget = open_budget()
+        deadline = time.monotonic() + ADMISSION_TIMEOUT_S
+        while budget is not None:
+            usage = budget.usage()
+            mem_limit, mem_used = usage.get("memory_limit_bytes"), usage.get("memory_bytes")
+            if not (mem_limit and mem_used is not None) or mem_limit - mem_used >= MIN_SANDBOX_MEMORY_MB * 2**20:
+                break
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"the host budget for sandboxes stayed full for {ADMISSION_TIMEOUT_S:g} s: "
+                    f"{mem_used >> 20} of {mem_limit >> 20} MiB in use. Nothing was started."
+                )
+            time.sleep(0.1)
+        with _live_lock:
+            _live[self.id] = self
+        _share_pids()
+        return self.pids_max
 
     def _write_state(self) -> None:
         state = {
@@ -807,6 +918,30 @@ class Box:
             raise SandboxError(f"snapshot copy of sandbox {self.id} failed: {r.stderr.strip()[-1000:]}")
         return time.monotonic() - t0
 
+    def health(self) -> "BoxHealth":
+        """Whether the sandbox still runs, what it uses and which of its own limits it ran into.
+
+        Cheap (reads cgroup files and one ``statvfs``); safe to call on a stopped sandbox.
+        """
+        usage = self.cgroups.usage() if self.cgroups else {}
+        storage_used = storage_size = None
+        if self.spec.upper is None and self.holder is not None and self.holder.poll() is None:
+            # the tmpfs exists only in the holder's mount namespace, seen through /proc/PID/root
+            with contextlib.suppress(OSError):
+                st = os.statvfs(f"/proc/{self.holder.pid}/root{self.mnt}")
+                storage_size = st.f_blocks * st.f_frsize
+                storage_used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        hit = []
+        if usage.get("oom_events"):
+            hit.append("memory")
+        pids, pids_max = usage.get("pids"), usage.get("pids_max")
+        if usage.get("pids_max_events") or (pids and pids_max and pids >= pids_max - max(8, pids_max // 100)):
+            hit.append("pids")
+        if storage_size and storage_used is not None and storage_size - storage_used < max(1 << 20, storage_size // 200):
+            hit.append("storage")
+        return BoxHealth(alive=self.alive, limits_hit=hit, storage_bytes=storage_used, storage_limit_bytes=storage_size,
+                         **usage)  # fmt: skip
+
     def memory_peak_bytes(self) -> int | None:
         """Peak memory of the sandbox (processes + its tmpfs pages), if cgroups are on."""
         if not self.cgroups:
@@ -853,6 +988,8 @@ class Box:
         finally:
             with _live_lock:
                 _live.pop(self.id, None)
+            with contextlib.suppress(Exception):
+                _share_pids()  # its share goes back to the others
 
 
 async def _wait_exit(proc: asyncio.subprocess.Process) -> int:

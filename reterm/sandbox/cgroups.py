@@ -14,6 +14,7 @@ process tree, double-forked daemons included.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -22,6 +23,54 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+# Every sandbox's cgroups live in this parent (under the caller's own cgroup), whose limits are the
+# host budget: all sandboxes together never use more memory or pids than it allows.
+BUDGET_NAME = "reterm_budget"
+HOST_MEMORY_RESERVE = (2 << 30, 0.2)  # kept for the host: at least 2 GiB, at least 20% of its memory
+HOST_PIDS_RESERVE = (4096, 0.25)  # kept for the host: at least 4096 pids, at least 25% of its pid space
+
+
+@dataclass
+class HostBudget:
+    """What all sandboxes on this host may use together: ``memory_bytes`` and ``pids`` (``None`` where
+    unknown). Derived from the machine by :func:`host_budget`."""
+
+    memory_bytes: int | None
+    pids: int | None
+
+
+def host_budget() -> HostBudget:
+    """The host budget for sandboxes, derived from the machine and the caller's own cgroup limits.
+
+    Memory: the host's ``MemTotal`` (or the caller's memory cgroup limit, if lower) less
+    :data:`HOST_MEMORY_RESERVE`. Pids: the smaller of ``kernel.pid_max`` and ``kernel.threads-max``
+    (threads count as pids; or the caller's ``pids.max``, if lower) less :data:`HOST_PIDS_RESERVE`.
+    So a group of fork bombs or memory hogs always leaves the host room to start processes.
+    """
+    mem = None
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    pid_space = [v for v in (_read_int(Path("/proc/sys/kernel/pid_max")),
+                             _read_int(Path("/proc/sys/kernel/threads-max"))) if v]  # fmt: skip
+    pids = min(pid_space) if pid_space else None
+    own = _own_cgroups()
+    if (CGROUP_ROOT / "memory").is_dir():
+        own_mem = _read_int(CGROUP_ROOT / "memory" / own.get("memory", "/").lstrip("/") / "memory.limit_in_bytes")
+        own_pids = _read_int(CGROUP_ROOT / "pids" / own.get("pids", "/").lstrip("/") / "pids.max")
+    else:
+        d = CGROUP_ROOT / own.get("", "/").lstrip("/")
+        own_mem, own_pids = _read_int(d / "memory.max"), _read_int(d / "pids.max")
+    if mem and own_mem and own_mem < mem:
+        mem = own_mem
+    if pids and own_pids and own_pids < pids:
+        pids = own_pids
+    if mem:
+        mem -= max(HOST_MEMORY_RESERVE[0], int(mem * HOST_MEMORY_RESERVE[1]))
+    if pids:
+        pids -= max(HOST_PIDS_RESERVE[0], int(pids * HOST_PIDS_RESERVE[1]))
+    return HostBudget(memory_bytes=mem if mem and mem > 0 else None, pids=pids if pids and pids > 0 else None)
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -84,6 +133,43 @@ class Cgroups:
                 _write(d / "pids.max", str(pids_max), missing_ok=True)
             if cpus:
                 _write(d / "cpu.max", f"{max(1000, int(cpus * 100000))} 100000", missing_ok=True)
+
+    # ------------------------------------------------------------------------------ usage
+    def usage(self) -> dict[str, int | None]:
+        """What the sandbox uses and whether it ran into its own limits (``None`` where unreadable).
+
+        Keys: ``memory_bytes``, ``memory_peak_bytes``, ``memory_limit_bytes``, ``oom_events`` (times
+        the cgroup's own limit forced the OOM killer: v1 ``memory.oom_control`` ``oom_kill``, v2
+        ``memory.events`` ``oom``), ``pids``, ``pids_max``, ``pids_max_events`` (forks refused at the
+        cap: ``pids.events`` ``max``).
+        """
+        out: dict[str, int | None] = dict.fromkeys(
+            ("memory_bytes", "memory_peak_bytes", "memory_limit_bytes", "oom_events", "pids", "pids_max",
+             "pids_max_events"))  # fmt: skip
+        if self.version == 1:
+            mem, pids = self.dirs.get("memory"), self.dirs.get("pids")
+            files = {"memory_bytes": (mem, "memory.usage_in_bytes"),
+                     "memory_peak_bytes": (mem, "memory.max_usage_in_bytes"),
+                     "memory_limit_bytes": (mem, "memory.limit_in_bytes"), "pids": (pids, "pids.current"),
+                     "pids_max": (pids, "pids.max")}  # fmt: skip
+            events = {"oom_events": (mem, "memory.oom_control", "oom_kill"),
+                      "pids_max_events": (pids, "pids.events", "max")}  # fmt: skip
+        else:
+            d = self.dirs.get("unified")
+            files = {"memory_bytes": (d, "memory.current"), "memory_peak_bytes": (d, "memory.peak"),
+                     "memory_limit_bytes": (d, "memory.max"), "pids": (d, "pids.current"), "pids_max": (d, "pids.max")}
+            events = {"oom_events": (d, "memory.events", "oom"), "pids_max_events": (d, "pids.events", "max")}
+        for key, (folder, name) in files.items():
+            if folder is not None:
+                out[key] = _read_int(folder / name)
+        for key, (folder, name, field_name) in events.items():
+            if folder is not None and folder.is_dir():
+                # a refused fork is counted where it was tried: in the per-exec child cgroups too
+                subtree = (folder, *(p for p in folder.rglob("*") if p.is_dir()))
+                counts = [_read_field(d / name, field_name) for d in subtree]
+                known = [c for c in counts if c is not None]
+                out[key] = sum(known) if known else None
+        return out
 
     # ------------------------------------------------------------------------------ control
     def procs(self) -> set[int]:
@@ -159,6 +245,27 @@ class Cgroups:
         return cls(int(data["version"]), {k: Path(v) for k, v in data["dirs"].items()})
 
 
+def _read_int(path: Path) -> int | None:
+    """An integer cgroup file (``max`` reads as None)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _read_field(path: Path, name: str) -> int | None:
+    """The value of ``name`` in a flat-keyed cgroup file (``key value`` per line)."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None
+
+
 def _write(path: Path, value: str, missing_ok: bool = False) -> None:
     try:
         path.write_text(value)
@@ -189,14 +296,56 @@ def _rmdir(path: Path) -> None:
             time.sleep(0.01)
 
 
+_budget: Cgroups | None = None
+
+
+def open_budget() -> Cgroups | None:
+    """The parent cgroups of every sandbox (:data:`BUDGET_NAME` under the caller's own cgroups) with
+    the limits of :func:`host_budget`, created on first use (``None`` where cgroups are not writable).
+
+    Shared by every process of the same cgroup (the limits are rewritten with the same values).
+    """
+    global _budget
+    if _budget is not None and all(d.is_dir() for d in _budget.dirs.values()):
+        return _budget
+    own = _own_cgroups()
+    budget = host_budget()
+    try:
+        if (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
+            dirs = {}
+            for ctrl in V1_CONTROLLERS:
+                if (CGROUP_ROOT / ctrl).is_dir():
+                    d = CGROUP_ROOT / ctrl / own.get(ctrl, "/").lstrip("/") / BUDGET_NAME
+                    d.mkdir(exist_ok=True)
+                    dirs[ctrl] = d
+            cg = Cgroups(1, dirs)
+        elif (CGROUP_ROOT / "cgroup.controllers").exists():
+            parent = CGROUP_ROOT / own.get("", "/").lstrip("/")
+            enabled = (parent / "cgroup.subtree_control").read_text().split()
+            if not {"memory", "pids"} <= set(enabled):
+                return None
+            d = parent / BUDGET_NAME
+            d.mkdir(exist_ok=True)
+            _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in enabled))
+            cg = Cgroups(2, {"unified": d})
+        else:
+            return None
+        cg.set_limits(memory_bytes=budget.memory_bytes, pids_max=budget.pids, cpus=None)
+    except OSError:
+        return None
+    _budget = cg
+    return cg
+
+
 def open_cgroups(name: str) -> Cgroups | None:
     """Create the cgroups of sandbox ``name`` (``reterm-<id>``), or None where cgroups are not writable.
 
-    v1: one folder per controller in :data:`V1_CONTROLLERS` that is mounted and writable, under this
-    process's own cgroup of that controller. v2: one folder under this process's cgroup when it
-    delegates the memory and pids controllers.
+    v1: one folder per controller in :data:`V1_CONTROLLERS` that is mounted and writable, under the
+    host budget's parent (:func:`open_budget`), else under this process's own cgroup of that
+    controller. v2: one folder there when it delegates the memory and pids controllers.
     """
     own = _own_cgroups()
+    budget = open_budget()
     if (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
         dirs: dict[str, Path] = {}
         try:
@@ -204,7 +353,7 @@ def open_cgroups(name: str) -> Cgroups | None:
                 base = CGROUP_ROOT / ctrl
                 if not base.is_dir():
                     continue
-                parent = base / own.get(ctrl, "/").lstrip("/")
+                parent = budget.dirs[ctrl] if budget and ctrl in budget.dirs else base / own.get(ctrl, "/").lstrip("/")
                 d = parent / name
                 d.mkdir(exist_ok=True)
                 dirs[ctrl] = d
@@ -214,7 +363,7 @@ def open_cgroups(name: str) -> Cgroups | None:
             return None
         return Cgroups(1, dirs)
     if (CGROUP_ROOT / "cgroup.controllers").exists():
-        parent = CGROUP_ROOT / own.get("", "/").lstrip("/")
+        parent = budget.dirs["unified"] if budget else CGROUP_ROOT / own.get("", "/").lstrip("/")
         try:
             enabled = (parent / "cgroup.subtree_control").read_text().split()
             if not {"memory", "pids"} <= set(enabled):

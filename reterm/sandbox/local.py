@@ -50,7 +50,7 @@ from pydantic import Field
 
 from reterm.sandbox import snapshot as snapmod
 from reterm.sandbox.base_image import ensure_base
-from reterm.sandbox.box import DEFAULT_PATH, Box, BoxSpec, ExecTimeoutError, SandboxError
+from reterm.sandbox.box import DEFAULT_PATH, Box, BoxHealth, BoxSpec, ExecTimeoutError, SandboxError, default_pids_max
 from reterm.sandbox.build import TaskLayer, ensure_layer
 from reterm.sandbox.paths import rmtree_writable
 from reterm.sandbox.rootless import sandbox_mode
@@ -64,14 +64,36 @@ DEFAULT_MEMORY_MB = 4096
 DEFAULT_STORAGE_MB = 4096
 
 
+def memory_headroom_mb(memory_mb: int) -> int:
+    """Memory kept free of the writable layer: a quarter of the limit, at least 256 MiB.
+
+    The writable layer is a tmpfs whose pages count against the sandbox's memory limit, so a layer as
+    large as the limit lets a disk fill (``dd if=/dev/zero of=/big``) reach the limit first: the OOM
+    killer then ends the agent's shell and terminal, and nothing can start again while the tmpfs holds
+    the memory. With the layer capped at ``memory_mb - headroom``, a disk fill ends with "No space
+    left on device" and the shell keeps this much memory to recover in.
+    """
+    return max(256, memory_mb // 4)
+
+
+def effective_storage_mb(storage_mb: int, memory_mb: int | None) -> int:
+    """The writable layer's size: ``storage_mb``, capped at ``memory_mb - memory_headroom_mb(memory_mb)``
+    (a cap of at least 64 MiB) when a memory limit applies."""
+    if not memory_mb:
+        return storage_mb
+    return min(storage_mb, max(64, memory_mb - memory_headroom_mb(memory_mb)))
+
+
 class LocalOptions(EnvironmentOptions):
     """``--ek`` options of the local sandbox (all optional)."""
 
     memory_mb: int | None = Field(default=None, description="memory limit (MiB) incl. the writable tmpfs; "
                                   "default: the task's memory_mb, else 4096")  # fmt: skip
     storage_mb: int | None = Field(default=None, description="size of the writable layer (MiB); "
-                                   "default: the task's storage_mb, else 4096")  # fmt: skip
-    pids_max: int = Field(default=4096, description="most processes/threads at once (fork bombs stop here)")
+                                   "default: the task's storage_mb, else 4096; at most memory_mb less "
+                                   "a quarter (min 256 MiB), as the layer lives in memory")  # fmt: skip
+    pids_max: int | None = Field(default=None, description="most processes/threads at once (fork bombs stop here); "
+                                 "default: the host budget's pids / 8, at most 4096")  # fmt: skip
     max_output_bytes: int = Field(default=8 * 2**20, description="per-stream exec output kept (head+tail)")
     public_network: Literal["offline", "error"] = Field(
         default="offline", description="a task phase that allows internet: run it offline, or reject it"
@@ -237,6 +259,12 @@ class LocalEnvironment(BaseEnvironment):
             raise SandboxError(f"environment {self.session_id} is not started")
         return self._box
 
+    def sandbox_health(self) -> BoxHealth:
+        """:meth:`reterm.sandbox.box.Box.health` of the sandbox (``alive=False`` before start and after
+        stop): whether it still runs and which of its own limits (memory, pids, storage) it ran into.
+        The episode loop uses it to tell what the agent broke from what the host or harness did."""
+        return self._box.health() if self._box is not None else BoxHealth(alive=False)
+
     @property
     def workdir(self) -> str | None:
         """Default working directory of ``exec`` (task workdir, else the Dockerfile's WORKDIR)."""
@@ -246,10 +274,11 @@ class LocalEnvironment(BaseEnvironment):
         cfg = self.task_env_config
         task_mem = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
         mem = self.options.memory_mb or task_mem or DEFAULT_MEMORY_MB
+        storage = int(self.options.storage_mb or cfg.storage_mb or DEFAULT_STORAGE_MB)
         return {
             "memory_mb": int(mem),
-            "storage_mb": int(self.options.storage_mb or cfg.storage_mb or DEFAULT_STORAGE_MB),
-            "pids_max": self.options.pids_max,
+            "storage_mb": effective_storage_mb(storage, int(mem)),
+            "pids_max": self.options.pids_max or default_pids_max(),
             "cpus": self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT),
         }
 

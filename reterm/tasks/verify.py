@@ -4,9 +4,11 @@ API on the local sandbox, and report oracle reward, null reward and wall time pe
 A sound task gives reward 1.0 with its reference solution (Harbor's ``oracle`` agent runs
 ``solution/solve.sh``) and 0.0 when nothing is done (Harbor's ``nop`` agent). Trials run with
 ``reterm.sandbox.local:LocalEnvironment``; tasks whose verifier needs the network get the offline
-verifier shim (:mod:`reterm.tasks.shim`). A trial that ends in an exception (sandbox, build, verifier
-crash or timeout), or whose verifier lacked a package the shim could not provide, is an
-infrastructure fault: its reward is reported as missing, never as 0.
+verifier shim (:mod:`reterm.tasks.shim`). Trials are classified by the evaluation's rule
+(:func:`reterm.eval.metrics.score_trial`): a trial that ends in an infrastructure fault (sandbox, build,
+verifier crash or timeout, a reward that cannot be scored), or whose verifier lacked a package the
+shim could not provide, has its reward reported as missing, never as 0; an agent timeout keeps the
+verifier's reward.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ async def run_trial(loaded: LoadedTask, agent: str, trials_dir: Path, *, environ
     """Run one Harbor trial of ``agent`` (``oracle`` or ``nop``, or any Harbor agent name) on the local sandbox.
 
     Returns:
-        :class:`TrialOutcome` with the verifier's ``reward`` (None when the trial raised or the shim
-        reported a missing package), the wall time in seconds and the trial folder.
+        :class:`TrialOutcome` with the verifier's ``reward`` (None on an infrastructure fault or when
+        the shim reported a missing package), the wall time in seconds and the trial folder.
     """
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
@@ -97,18 +99,20 @@ async def run_trial(loaded: LoadedTask, agent: str, trials_dir: Path, *, environ
                             str(trials_dir / name))  # fmt: skip
     wall = time.monotonic() - t0
     trial_dir = trials_dir / name
-    if result.exception_info is not None:
-        info = result.exception_info
-        return TrialOutcome(agent, None, wall, f"{info.exception_type}: {info.exception_message}", str(trial_dir))
+    from reterm.eval.metrics import score_trial
+
+    score = score_trial(result, trial_dir)  # the one rule: agent timeouts keep their reward
+    if score.outcome.is_infra_fault:
+        rewards = result.verifier_result.rewards if result.verifier_result else None
+        why = (f"{score.exception_type}: {score.exception_message}" if score.exception_type
+               else f"no reward in the verifier result: {rewards!r}")  # fmt: skip
+        return TrialOutcome(agent, None, wall, why, str(trial_dir))
     missing = trial_dir / "verifier" / MISSING_LOG
     if missing.is_file() and missing.read_text().strip():
         names = ", ".join(sorted(set(missing.read_text().split())))
         return TrialOutcome(agent, None, wall, f"verifier needs what it cannot install offline: {names}",
                             str(trial_dir))  # fmt: skip
-    rewards = result.verifier_result.rewards if result.verifier_result else None
-    if not rewards or "reward" not in rewards:
-        return TrialOutcome(agent, None, wall, f"no reward in the verifier result: {rewards!r}", str(trial_dir))
-    return TrialOutcome(agent, float(rewards["reward"]), wall, None, str(trial_dir))
+    return TrialOutcome(agent, score.reward, wall, None, str(trial_dir))
 
 
 async def verify_tasks(tasks: list[LoadedTask], out_dir: Path, *, n_concurrent: int = 2, progress: bool = True,

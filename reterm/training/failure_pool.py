@@ -150,6 +150,18 @@ class PoolState:
         self.__dict__.update(state)
 
 
+def _without_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages without tool-call ids: the chat templates do not render them, and records written
+    before ids were unique per trajectory (every call ``call_0``) must still match their rebuild."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if k != "tool_call_id"}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
 def _check_prompt(state: PoolState) -> str | None:
     """Why ``state.prompt`` cannot be a group's prompt (None when it can): the harness must rebuild it
     exactly (``Trajectory.to_messages`` of the parsed history), and it must end with an observation."""
@@ -159,7 +171,7 @@ def _check_prompt(state: PoolState) -> str | None:
         rebuilt = state.trajectory.to_messages()
     except ValueError as exc:
         return f"layout: {exc}"
-    if template_messages(rebuilt) != template_messages(state.prompt):
+    if _without_call_ids(template_messages(rebuilt)) != _without_call_ids(template_messages(state.prompt)):
         return "not_reproducible"
     if state.source != "task_start" and (not state.history or state.prompt[-1]["role"] not in ("tool", "user")):
         return "no_failing_step"
@@ -257,8 +269,8 @@ def online_states_from_attempt(
     Recovery@k), labelled with the category of its first consequential failure. From a step-level parent the
     attempt's generated steps are localised (:func:`reterm.recovery.localise`, rules only; the copied
     history is context); its first consequential failure (``LocalisationResult.primary``) becomes a state
-    whose prompt is the whole conversation up to and including the failing step. Infrastructure faults
-    and passed attempts yield nothing.
+    whose prompt is the whole conversation up to and including the failing step. Infrastructure faults,
+    passed attempts and attempts that broke their sandbox (docs/SCORING.md) yield nothing.
 
     Args:
         trajectory: a finished, verified attempt (``trajectory.prefix_len`` = the parent's history length).
@@ -269,6 +281,8 @@ def online_states_from_attempt(
     from reterm.recovery import localise
 
     if trajectory.outcome.is_infra_fault or trajectory.passed or trajectory.reward is None or max_states < 1:
+        return []
+    if trajectory.metadata.get("broken_by_agent"):  # scored 0, but no sandbox left to recover in
         return []
     result = localise(trajectory)
     if _attempt_level(parent):

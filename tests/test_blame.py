@@ -1,0 +1,158 @@
+"""Blame where it belongs (docs/SCORING.md), on the real local sandbox with its default limits: what
+the agent breaks is its failure (reward 0, the command recorded as a step) or, where the terminal
+survives, something it can recover from; what the host or the harness does stays an infrastructure
+fault; the evaluation report of real Harbor trials counts the agent's breakage as failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reterm.agent.episode import BROKEN_KEY, run_episode
+from reterm.policies.scripted import ScriptedPolicy
+from reterm.sandbox.local import DEFAULT_MEMORY_MB, LocalEnvironment
+from reterm.trajectory import Outcome
+
+TASK = Path(__file__).parent / "fixtures" / "tasks" / "hello-file"
+SOLVE = 'echo "Hello, world!" > /app/hello.txt'
+FORK_BOMB = ":(){ :|:& };:"
+RM_ROOT = "rm -rf --no-preserve-root / 2>/dev/null; echo gone"
+REPLACE_LOGS = "rm -rf /logs && echo mine > /logs"
+
+
+def _episode(commands, **kwargs):
+    async def main():
+        env = LocalEnvironment.for_task(TASK)
+        async with env:
+            traj = await run_episode(ScriptedPolicy(commands), env, TASK, command_timeout_s=30, **kwargs)
+            return traj, env.sandbox_health()
+
+    return asyncio.run(main())
+
+
+def _assert_broken(traj, commands_run, says):
+    assert traj.outcome is Outcome.FAILURE and traj.reward == 0.0, (traj.outcome, traj.error)
+    assert traj.stop_reason == "sandbox_broken" and traj.error is None
+    assert [s.command for s in traj.steps] == commands_run  # the command that broke it is a step
+    assert says in traj.metadata[BROKEN_KEY], traj.metadata[BROKEN_KEY]
+
+
+def test_fork_bomb_is_an_agent_failure_with_the_command_recorded():
+    traj, health = _episode([FORK_BOMB, SOLVE])
+    _assert_broken(traj, [FORK_BOMB], "the sandbox ran out of pids")
+    assert traj.steps[0].observation.startswith("[the sandbox stopped working:")
+    assert "pids" in health.limits_hit and health.alive
+
+
+def test_rm_rf_root_is_an_agent_failure_with_the_command_recorded():
+    traj, _ = _episode([RM_ROOT, SOLVE])
+    _assert_broken(traj, [RM_ROOT], "the terminal failed after this command")
+
+
+def test_replacing_logs_is_an_agent_failure_although_the_terminal_survives():
+    traj, _ = _episode([REPLACE_LOGS, SOLVE])
+    # the terminal survived, so the agent went on; the verifier cannot run: the agent's doing
+    _assert_broken(traj, [REPLACE_LOGS, SOLVE, None], "/logs/verifier cannot be made writable")
+    assert traj.steps[0].exit_status == 0 and traj.steps[1].exit_status == 0
+
+
+def test_kill_minus_one_is_survived_and_the_recovery_passes():
+    traj, _ = _episode(["kill -9 -1", SOLVE])
+    assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0
+    assert "a new shell was started" in traj.steps[0].extra["terminal_restarted"]
+    assert BROKEN_KEY not in traj.metadata
+
+
+@pytest.mark.slow
+def test_disk_fill_says_no_space_before_the_memory_limit_and_the_recovery_passes():
+    """Default limits: the writable layer (a tmpfs counted against memory) is smaller than the memory
+    limit, so `dd` ends with ENOSPC, nothing is OOM-killed and the shell survives to clean up."""
+    fill = "dd if=/dev/zero of=/big bs=1M 2>&1 | grep -o 'No space left on device'; df -m / | tail -1"
+    traj, health = _episode([fill, "rm /big && echo freed", SOLVE])
+    assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0, (traj.outcome, traj.metadata.get(BROKEN_KEY))
+    assert "No space left on device" in traj.steps[0].observation and traj.steps[0].exit_status == 0
+    assert traj.steps[1].observation.startswith("freed") and "terminal_restarted" not in traj.steps[0].extra
+    assert health.oom_events == 0 and health.memory_limit_bytes == DEFAULT_MEMORY_MB * 2**20
+    assert health.storage_limit_bytes < health.memory_limit_bytes
+    assert health.memory_peak_bytes < health.memory_limit_bytes
+
+
+def test_a_sandbox_ended_by_the_host_stays_an_infrastructure_fault():
+    """The harness (standing in for the host) ends the sandbox after the agent's first command: the
+    next command fails, and that is not the agent's doing."""
+    async def main():
+        env = LocalEnvironment.for_task(TASK)
+        await env.start(force_build=False)
+        stops = []
+
+        def stop_after_first_step(i, traj, step):
+            stops.append(asyncio.get_running_loop().create_task(env.stop(delete=True)))
+
+        traj = await run_episode(ScriptedPolicy(["true", SOLVE]), env, TASK, on_step=stop_after_first_step)
+        await asyncio.gather(*stops)
+        return traj
+
+    traj = asyncio.run(main())
+    assert traj.outcome is Outcome.SANDBOX_ERROR and traj.reward is None and BROKEN_KEY not in traj.metadata
+    assert "the sandbox itself ended" in traj.error
+
+
+@pytest.mark.slow
+def test_evaluation_report_counts_what_the_agent_broke_as_failures(tmp_path):
+    """Real Harbor trials (ReTermAgent replaying each task's solve.sh on the local sandbox): a fork
+    bomb, `rm -rf /` and a replaced /logs make Harbor's own verifier fail afterwards, and the report
+    scores them as agent failures, not infrastructure faults."""
+    from reterm.eval.metrics import load_job, summarize
+
+    dataset = tmp_path / "tasks"
+    for name, command in (("bomb", FORK_BOMB), ("rmroot", RM_ROOT), ("logs", REPLACE_LOGS)):
+        task = dataset / f"hello-{name}"
+        shutil.copytree(TASK, task)
+        (task / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{command}\n{SOLVE}\n")
+    args = [str(Path(sys.executable).parent / "harbor"), "run", "-p", str(dataset),
+            "-a", "reterm.agent.harbor:ReTermAgent", "--ak", "policy=oracle", "--ak", "command_timeout=20",
+            "-e", "reterm.sandbox.local:LocalEnvironment", "-o", str(tmp_path / "jobs"), "-y", "-n", "1"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    job = load_job(job_dir)
+    assert len(job.trials) == 3 and not job.incomplete
+    for t in job.trials:
+        assert t.outcome is Outcome.FAILURE and t.reward == 0.0 and t.scored, (t.trial, t.outcome, t.exception_type)
+        assert t.broken_by_agent
+        meta = json.loads((Path(t.trial_dir) / "result.json").read_text())["agent_result"]["metadata"]
+        assert meta["stop_reason"] == "sandbox_broken"
+    summary = summarize(job.trials, job.incomplete)
+    assert summary["broken_by_agent"] == 3 and summary["infra_faults"]["n"] == 0
+    assert summary["pass_at_1"]["n_trials"] == 3 and summary["pass_at_1"]["mean"] == 0.0
+
+
+@pytest.mark.slow
+def test_memory_hog_is_oom_killed_and_the_recovery_passes():
+    """Default limits: a command that allocates past the memory limit is killed (exit 137), the
+    terminal survives (its processes are small; the kernel kills the largest), and the agent goes on."""
+    hog = "python3 -c 'b = bytearray(6 << 30)'"
+    traj, health = _episode([hog, SOLVE])
+    assert traj.outcome is Outcome.SUCCESS and traj.reward == 1.0, (traj.outcome, traj.metadata.get(BROKEN_KEY))
+    assert traj.steps[0].exit_status == 137, traj.steps[0].observation
+    assert health.oom_events >= 1 and "memory" in health.limits_hit
+
+
+def test_an_attempt_that_broke_its_sandbox_is_no_failure_state():
+    """Attempt-level runs (the release protocol) score it 0 and keep no snapshot to recover from."""
+    from reterm.recovery.attempts import release, run_attempts
+
+    (attempt,) = asyncio.run(run_attempts(ScriptedPolicy([REPLACE_LOGS]), [TASK], keep_failed_snapshots=True))
+    try:
+        assert attempt.trajectory.outcome is Outcome.FAILURE and attempt.trajectory.reward == 0.0
+        assert attempt.trajectory.metadata[BROKEN_KEY] and attempt.snapshot is None
+    finally:
+        release([attempt])
