@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _sft_module():
     spec = importlib.util.spec_from_file_location("reterm_train_sft", REPO / "train" / "sft.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

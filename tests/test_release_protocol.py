@@ -155,7 +155,15 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     stats = build(drills, tmp_path / "data", policies=[], max_turns=2, batch=4, held_out=0.3)
     ds = load_records(str(tmp_path / "data"), "train")
     assert list(ds.column_names)[:6] == list(RELEASE_COLUMNS)
-    assert all(r["target_attempt_index"] == 2 and r["failure_source"] == "injected" for r in ds)
+    assert all(r["failure_source"] == "injected" for r in ds)
+    kinds = {r["target_attempt_index"] for r in ds}
+    assert kinds == {1, 2}  # the release's attempt-level records and whole in-attempt recoveries
+    for r in ds:
+        k = r["train_from_message_index"]
+        if r["target_attempt_index"] == 2:
+            assert r["messages"][k - 1]["content"] == FEEDBACK_MESSAGE
+        else:
+            assert k == 2 and r["messages"][3]["role"] == "tool"  # the mistake's error is read, then fixed
     assert stats["filters"]["kept"] == sum(stats["splits"].values()) >= 5
 
     splits = read_splits(drills)
@@ -201,7 +209,8 @@ def test_grpo_pool_takes_attempt_level_records_and_grows_attempt_level_online_st
     build(drills, tmp_path / "data", policies=[], max_turns=2, batch=8, held_out=0.0)
     records = load_dataset(str(tmp_path / "data"), split="train")
     states, skipped = seed_states_from_records(records, [drills])
-    assert len(states) == len(records) and not skipped
+    attempt_level = sum(r["target_attempt_index"] == 2 for r in records)
+    assert len(states) == attempt_level and skipped == {"no_failing_step": len(records) - attempt_level}
     parent = states[0]
     assert parent.prompt[-1]["content"] == FEEDBACK_MESSAGE
     wrong = [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_9", "type": "function", "function": {

@@ -9,7 +9,10 @@ Failure states come from two sources, both on the drills' ``train`` split (``DRI
 - **injected**: the drill family's natural first mistake (``[metadata] first_mistake`` of each task), typed
   as a first attempt that then submits.
 
-From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
+From each injected failure state there are two records: the release's kind (``target_attempt_index = 2``:
+the failed attempt, the feedback, then the second attempt) and a step-level one (``target_attempt_index = 1``:
+one attempt that makes the mistake, reads its error and recovers, trained whole; see
+:func:`_in_attempt_records`). From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
 recovery commands, after the policy's own attempt the reference solution, typed from the state the failed
 attempt left behind) makes a recovery attempt after the feedback message; the task's
 verifier keeps the ones that pass. Records carry the release's six columns first
@@ -132,7 +135,45 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
             r.trajectory.metadata["failure_category"] = st.category
             family = str((load_task(a.task_dir).config.metadata or {}).get("family", ""))
             entry["records"].append(_row(a, r, source, label or getattr(policy, "name", source), family))
+    if source == "injected":
+        entry["records"] += await _in_attempt_records([a for a, st in zip(failed, states)],
+                                                      {a.task_dir: st.category for a, st in zip(failed, states)})
     return entry
+
+
+async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]) -> list[dict[str, Any]]:
+    """Step-level records (``target_attempt_index = 1``): one attempt that makes the drill's first mistake, reads
+    its error and recovers in the same attempt (the mistake, then the verified recovery commands, then submit).
+
+    The whole attempt is trained on (``train_from_message_index`` = its first assistant message): it teaches a
+    model that has never called a tool the first move of an attempt as well as the recovery; the mistake's
+    observation is context. Only attempts the verifier passes are kept.
+    """
+    dirs = [a.task_dir for a in failed]
+    if not dirs:
+        return []
+    policy = OraclePolicy([(load_task(d).instruction, [first_mistake(d), *recovery_commands(d)]) for d in dirs],
+                          name="first-mistake+recovery")  # fmt: skip
+    runs = await run_attempts(policy, dirs, max_turns=8)
+    rows = []
+    for a, r in zip(failed, runs):
+        traj = r.trajectory
+        if traj.outcome is not Outcome.SUCCESS:
+            continue
+        row = release_columns(traj.task_id, traj.to_messages(), 2, 1)
+        first = traj.steps[0]
+        row.update({
+            "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
+            "failure_step": 0, "failure_category": categories[r.task_dir], "failure_source": "injected",
+            "injection": "first_mistake", "failure_command": first.command or "", "failure_output": first.observation,
+            "replay_commands": [], "verifier_reward": float(traj.reward or 0.0), "attempts": 1,
+            "successful_attempts": 1, "recovery_turns": len(traj.steps) - 1, "source_policy": "first-mistake",
+            "teacher": policy.name, "trajectory_id": hashlib.sha256(traj.model_dump_json().encode()).hexdigest()[:16],
+            "prompt_version": PROMPT_VERSION,
+            "family": str((load_task(r.task_dir).config.metadata or {}).get("family", "")),
+        })  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
@@ -209,7 +250,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             c["successful_attempts"] += int(outcome == "success")
     episodes = sum(len(e["tasks"]) for e in done)
     failed = sum(len(e["states"]) for e in done)
-    verified = sum(c["successful_attempts"] for c in per_cat.values())
+    verified = sum(len(e["records"]) for e in done)  # verified recoveries of both kinds, before deduplication
     infra = sum(v for e in done for k, v in e["outcomes"].items() if k not in ("success", "failure"))
     stats = {
         "name": "ReTerm-drills", "version": "0.2.0", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
