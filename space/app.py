@@ -134,8 +134,10 @@ def default_config(
 ) -> AppConfig:
     """The configuration from arguments, then environment variables, then defaults (module docstring).
 
-    Default task roots: ``tasks/`` of the kit's checkout (or next to app.py). Default replay sources:
-    ``examples/`` next to app.py, saved live runs, the checkout's test fixtures, and ``twothsnd/ReTerm-10K``.
+    Default task roots: ``tasks/`` of the kit's checkout (or next to app.py). Default replay sources: the
+    ReTerm-GRPO groups and the dataset of the checkout's embedded-default run (``runs/smollm2-135m/``) when it
+    exists, ``examples/`` next to app.py, saved live runs, the checkout's test fixtures, and
+    ``twothsnd/ReTerm-10K``.
     """
     env = os.environ
     if tasks is None and env.get("RETERM_SPACE_TASKS"):
@@ -149,6 +151,11 @@ def default_config(
         sources = [s.strip() for s in env["RETERM_SPACE_SOURCES"].split(";") if s.strip()]
     if sources is None:
         sources = []
+        # a run of `bash train/run_all.sh` in this checkout: its ReTerm-GRPO groups first (the trained model's
+        # own attempts, recovered or not), then its dataset
+        for rel in ("runs/smollm2-135m/grpo-reterm/rollouts", "runs/smollm2-135m/data"):
+            if (HERE.parent / rel).exists():
+                sources.append(str(HERE.parent / rel))
         examples = HERE / "examples"
         if examples.is_dir():  # recoveries (fan-outs) first: the best first impression
             sources += [str(p) for p in sorted(examples.iterdir(), reverse=True) if p.is_dir()]

@@ -40,7 +40,7 @@ def test_cpu_recipes_parse_with_the_same_budget(name):
     assert model.use_peft
     assert args.mode == ("standard" if "standard" in name else "reterm") and args.resolved_fork_method == "snapshot"
     assert (args.num_generations, args.max_steps, args.max_turns, args.max_turn_tokens, args.max_completion_length) == (
-        4, 10, 2, 48, 256)  # fmt: skip
+        4, 30, 5, 64, 384)  # fmt: skip
     assert args.generation_batch_size == 4 and args.use_cpu and not args.bf16
     # one attempt per micro-batch (peak memory), a whole group per optimiser step, generated together
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (1, 4, 4)

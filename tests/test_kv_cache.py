@@ -45,8 +45,9 @@ def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
     assert reused == plain
     # turn 1: the three prompts share the system prompt and tool schema, read once for all three
     assert len(set(cached[0])) <= 2 and all(c > 300 for c in cached[0]), cached[0]
-    # later turns read the system prompt, tool schema and history from the cache
-    assert all(c > 500 for row in cached[1:] for c in row), cached
+    # later turns read the system prompt, tool schema and the growing history from the cache
+    assert all(cached[t][j] > cached[t - 1][j] for t in range(1, len(cached)) for j in range(3)), cached
+    assert all(c > 300 for row in cached for c in row), cached
     assert len(smol.kv_cache) == 3 and smol.kv_cache.nbytes > 0
     reused_tokens, fed_tokens = smol.kv_cache.reused_tokens - before[0], smol.kv_cache.fed_tokens - before[1]
     assert reused_tokens > 2 * fed_tokens, (reused_tokens, fed_tokens)

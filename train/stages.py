@@ -1005,7 +1005,7 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     lines += ["", "## Time and memory per stage", "", "| stage | wall | peak RSS |", "|---|---|---|"]
     for st in stage_order:
         rec = read_marker(run_dir, st) or {}
-        lines.append(f"| {st} | {fmt_duration(rec.get('wall_s'))} | {fmt_mb(rec.get("peak_mem_mb"))} |")
+        lines.append(f"| {st} | {fmt_duration(rec.get('wall_s'))} | {fmt_mb(rec.get('peak_mem_mb'))} |")
     lines += [f"| **total** | {fmt_duration(wall)} | {peak:.1f} GB |", "",
               f"Details: `{_rel(run_dir)}/eval/report.md` (Recovery@k, Fatal Attempt Rate, per category), "
               f"`{_rel(run_dir)}/data/stats.json`, the GRPO curves in `{_rel(run_dir)}/grpo-*/curves.png`."]  # fmt: skip

@@ -61,6 +61,16 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
     return out
 
 
+def spread(items: list[Any], n: int | None) -> list[Any]:
+    """At most ``n`` of ``items``, evenly spaced (splits list instances family by family, so a prefix would
+    drop whole families)."""
+    if n is None or n >= len(items):
+        return list(items)
+    if n <= 0:
+        return []
+    return [items[(i * len(items)) // n] for i in range(n)]
+
+
 def _scored(a: Attempt) -> bool:
     return a.trajectory.outcome in (Outcome.SUCCESS, Outcome.FAILURE)
 
@@ -272,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=32, help="attempts generated together")
-    p.add_argument("--max-id", type=int, default=None, help="at most N in-distribution test instances")
+    p.add_argument("--max-id", type=int, default=None,
+                   help="at most N in-distribution test instances (evenly spread over the families)")
     p.add_argument("--max-ood", type=int, default=None)
     p.add_argument("--own-items", type=int, default=32, help="own failed attempts followed for Recovery@k")
     p.add_argument("--k-max", type=int, default=3)
@@ -289,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"eval.drills: {exc}", file=sys.stderr)
         return 2
-    id_dirs = [a.tasks / n for n in splits.get("test", [])][: a.max_id]
-    ood_dirs = [a.tasks / n for n in splits.get("test_ood", [])][: a.max_ood]
+    id_dirs = spread([a.tasks / n for n in splits.get("test", [])], a.max_id)
+    ood_dirs = spread([a.tasks / n for n in splits.get("test_ood", [])], a.max_ood)
     a.output.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     _say(f"{len(id_dirs)} in-distribution and {len(ood_dirs)} out-of-distribution instances, models {list(models)}")
