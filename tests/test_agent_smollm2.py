@@ -27,7 +27,8 @@ def _check(traj: Trajectory) -> None:
     assert not traj.outcome.is_infra_fault, traj.error
     assert traj.reward is not None
     assert traj.policy == "smollm2"
-    assert len(traj.steps) >= TURNS or traj.stop_reason == "submitted"
+    # the Harbor agent stops after 3 replies in a row without a valid tool call (its default)
+    assert len(traj.steps) >= TURNS or traj.stop_reason in ("submitted", "parse_errors")
     assert traj.metadata["turns"] == len(traj.steps)
     assert sum(traj.metadata["parse_outcomes"].values()) == len(traj.steps)
     for step in traj.steps:

@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-id", type=int, default=None,
                    help="at most N in-distribution test instances (evenly spread over the families)")
     p.add_argument("--max-ood", type=int, default=None)
+    p.add_argument("--max-states", type=int, default=None,
+                   help="injected failure states for Recovery@1: at most N of the evaluated instances per split")
     p.add_argument("--own-items", type=int, default=32, help="own failed attempts followed for Recovery@k")
     p.add_argument("--k-max", type=int, default=3)
     a = p.parse_args(argv)
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     from reterm.policies import load_policy
 
     todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
-    injected = asyncio.run(_injected_states(id_dirs + ood_dirs, a.batch)) if todo else ([], [], [])
+    state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
+    injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo else ([], [], [])
     try:
         for name in todo:
             _say(f"model {name} = {models[name]}")
@@ -324,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         release(injected[0])
     results = {"models": {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models},
                "differences": compare(a.output, list(models)),
-               "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs)},
+               "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs),
+                         "injected_states": len(injected[1]) if todo else None},
                "settings": {"max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "decoding": "greedy",
                             "own_items": a.own_items, "k_max": a.k_max},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
