@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trajectory_view import EpisodeView, FanOutView
 
@@ -182,6 +182,36 @@ def _job_folders(path: Path) -> list[Path]:
 HUB_TIMEOUT_S = 3.0  # seconds to find out whether the Hub answers before falling back to the cache
 
 
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result if it returns within ``seconds`` of wall time.
+
+    huggingface_hub retries a timed-out request, so its own ``timeout`` does not bound the wait; the
+    call runs in a daemon thread that is left behind on expiry.
+
+    Raises:
+        TimeoutError: ``call`` did not return in time.
+        Exception: whatever ``call`` raised.
+    """
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True, name="hub-probe")
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError(f"timed out after {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 def _hub_dataset_folder(spec: str) -> Path:
     """A local snapshot of Hub dataset ``spec``: downloaded when the Hub answers within
     :data:`HUB_TIMEOUT_S`, else the Hub cache's copy. ``datasets.load_dataset(ID)`` would retry for
@@ -194,7 +224,7 @@ def _hub_dataset_folder(spec: str) -> Path:
 
     patterns = ["data/*", "*.parquet", "*.jsonl", "*.json", "README.md"]
     try:
-        HfApi().dataset_info(spec, timeout=HUB_TIMEOUT_S)
+        _within(HUB_TIMEOUT_S, lambda: HfApi().dataset_info(spec, timeout=HUB_TIMEOUT_S))
     except Exception as exc:  # unreachable, unknown repo, no access: the cache is the only chance
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
         try:

@@ -159,7 +159,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
     assert "--max_steps 30" in cmds["grpo"] and "--max_steps 30" in cmds["grpo-standard"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
-    assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 60" in cmds["eval"]
+    assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 32" in cmds["eval"]
     assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
     r = _run_all("--dry-run", "--size", "ci", "--run-dir", str(tmp_path / "c"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}

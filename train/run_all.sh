@@ -176,13 +176,13 @@ case "$RECIPE:$SIZE" in
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole), SmolLM2's and then the SFT model's own attempts on 48 train drills each, SFT for 120
     # optimiser steps of 2 records, 30 GRPO steps of one group of G=4 each. The evaluation is the longest part
-    # (CPU generation, ~60 tokens/s for a batch): 60 + 16 held-out instances for Pass@1 and 40 + 16 injected
-    # failure states for Recovery@1 per model keep it under half an hour for the four models.
+    # (CPU generation, ~60 tokens/s for a batch): 32 + 12 held-out instances for Pass@1 and 20 + 12 injected
+    # failure states for Recovery@1 per model keep it near a quarter of an hour for the four models.
     DRILL_SIZE=(--per-family 32)
     DATA_SIZE=(--own-tasks 48)
     SFT_SIZE=(--max_steps 120)
     GRPO_SIZE=(--max_steps 30 --save_steps 10)
-    EVAL_SIZE=(--max-id 60 --max-ood 16 --max-states 40 --own-items 4 --max-turns 5 --max-new-tokens 56)
+    EVAL_SIZE=(--max-id 32 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 56)
     ;;
 esac
 case "$SIZE" in
