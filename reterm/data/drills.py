@@ -41,7 +41,7 @@ from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.policies.scripted import OraclePolicy
 from reterm.records import release_columns
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
-from reterm.trajectory import Outcome
+from reterm.trajectory import Outcome, Step, Trajectory
 
 
 def read_splits(tasks: Path) -> dict[str, list[str]]:
@@ -94,23 +94,44 @@ def mistake_policy(dirs: list[Path]) -> OraclePolicy:
     return OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
 
 
-def _row(attempt: Attempt, recovery: Attempt, source: str, policy: str, family: str) -> dict[str, Any]:
-    traj = recovery.trajectory
-    k = len(traj.to_messages(upto=traj.prefix_len))
-    row = release_columns(traj.task_id, traj.to_messages(), k, 2)
-    state = attempt.trajectory
-    first_fail = next((s for s in state.steps if s.action is not None and s.exit_status not in (0, None)), None)
+def _family(task_dir: Path) -> str:
+    """The drill family of a task (``[metadata] family``; empty for a task outside the drills)."""
+    return str((load_task(task_dir).config.metadata or {}).get("family", ""))
+
+
+def _state_id(traj: Trajectory) -> str:
+    """A stable id of a failure state: the first 16 hex digits of the SHA-256 of its JSON."""
+    return hashlib.sha256(traj.model_dump_json().encode()).hexdigest()[:16]
+
+
+def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int, failed: Step | None,
+            recovery_turns: int, category: str, source: str, source_policy: str, replay: list[str], state_id: str,
+            family: str) -> dict[str, Any]:
+    """One dataset row: the release's six columns (:func:`reterm.records.release_columns`) of the verified
+    trajectory ``traj``, then the kit's metadata columns (docs/PROTOCOL.md).
+
+    Args:
+        traj: the verified trajectory (reward 1) whose messages from ``train_from`` on are trained on.
+        train_from: ``train_from_message_index``.
+        target: ``target_attempt_index`` (2: a recovery attempt after a failed one; 1: a recovery inside the
+            first attempt).
+        failure_step: index of the last step of the failure state the recovery starts from.
+        failed: the failed step whose command and output the record names, if any.
+        recovery_turns: steps taken after the failure state.
+        replay: the bash commands that rebuild the failure state.
+        state_id: a stable hash of the failure state (``trajectory_id``, 16 hex digits).
+        family: the drill family (``[metadata] family``).
+    """
+    row = release_columns(traj.task_id, traj.to_messages(), train_from, target)
     row.update({
         "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
-        "failure_step": len(state.steps) - 1, "failure_category": recovery.trajectory.metadata.get("failure_category", "other"),
-        "failure_source": source, "injection": "first_mistake" if source == "injected" else "",
-        "failure_command": (first_fail.command if first_fail else "") or "",
-        "failure_output": (first_fail.observation if first_fail else "") or "",
-        "replay_commands": [s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
-        "verifier_reward": float(traj.reward or 0.0), "attempts": 1, "successful_attempts": 1,
-        "recovery_turns": len(traj.steps) - traj.prefix_len, "source_policy": policy, "teacher": traj.policy,
-        "trajectory_id": hashlib.sha256(state.model_dump_json().encode()).hexdigest()[:16],
-        "prompt_version": PROMPT_VERSION, "family": family,
+        "failure_step": failure_step, "failure_category": category, "failure_source": source,
+        "injection": "first_mistake" if source == "injected" else "",
+        "failure_command": (failed.command if failed else "") or "",
+        "failure_output": (failed.observation if failed else "") or "",
+        "replay_commands": replay, "verifier_reward": float(traj.reward or 0.0), "attempts": 1,
+        "successful_attempts": 1, "recovery_turns": recovery_turns, "source_policy": source_policy,
+        "teacher": traj.policy, "trajectory_id": state_id, "prompt_version": PROMPT_VERSION, "family": family,
     })  # fmt: skip
     return row
 
@@ -132,9 +153,15 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
     entry["states"] = [[st.category, r.trajectory.outcome.value] for st, r in zip(states, recs)]
     for a, st, r in zip(failed, states, recs):
         if r.trajectory.outcome is Outcome.SUCCESS:
-            r.trajectory.metadata["failure_category"] = st.category
-            family = str((load_task(a.task_dir).config.metadata or {}).get("family", ""))
-            entry["records"].append(_row(a, r, source, label or getattr(policy, "name", source), family))
+            traj, state = r.trajectory, a.trajectory
+            traj.metadata["failure_category"] = st.category
+            failed_step = next((s for s in state.steps if s.action is not None and s.exit_status not in (0, None)), None)
+            entry["records"].append(_record(
+                traj, len(traj.to_messages(upto=traj.prefix_len)), 2, failure_step=len(state.steps) - 1,
+                failed=failed_step, recovery_turns=len(traj.steps) - traj.prefix_len, category=st.category,
+                source=source, source_policy=label or getattr(policy, "name", source),
+                replay=[s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
+                state_id=_state_id(state), family=_family(a.task_dir)))  # fmt: skip
     if source == "injected":
         entry["records"] += await _in_attempt_records([a for a, st in zip(failed, states)],
                                                       {a.task_dir: st.category for a, st in zip(failed, states)})
@@ -160,19 +187,9 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
         traj = r.trajectory
         if traj.outcome is not Outcome.SUCCESS:
             continue
-        row = release_columns(traj.task_id, traj.to_messages(), 2, 1)
-        first = traj.steps[0]
-        row.update({
-            "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
-            "failure_step": 0, "failure_category": categories[r.task_dir], "failure_source": "injected",
-            "injection": "first_mistake", "failure_command": first.command or "", "failure_output": first.observation,
-            "replay_commands": [], "verifier_reward": float(traj.reward or 0.0), "attempts": 1,
-            "successful_attempts": 1, "recovery_turns": len(traj.steps) - 1, "source_policy": "first-mistake",
-            "teacher": policy.name, "trajectory_id": hashlib.sha256(traj.model_dump_json().encode()).hexdigest()[:16],
-            "prompt_version": PROMPT_VERSION,
-            "family": str((load_task(r.task_dir).config.metadata or {}).get("family", "")),
-        })  # fmt: skip
-        rows.append(row)
+        rows.append(_record(traj, 2, 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
+                            category=categories[r.task_dir], source="injected", source_policy="first-mistake",
+                            replay=[], state_id=_state_id(traj), family=_family(r.task_dir)))  # fmt: skip
     return rows
 
 
