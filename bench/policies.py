@@ -22,7 +22,6 @@ import statistics
 import time
 from dataclasses import replace
 
-
 CPU_SECONDS: dict[str, float] = {}
 
 

@@ -221,8 +221,8 @@ def _stage_model_inputs(folder: Path, stage_dir: Path, options: dict[str, Any]) 
     """Stage what the model card was rendered from: the recipes (``recipes/N-TRAINER-NAME.yaml``, secrets
     redacted), ``eval/results.json`` and ``training_summary.json`` (absolute paths of this machine cut to
     their last component; the chosen ``eval_name`` added). Returns the staged relative paths."""
-    from reterm.cards.model_inputs import load_recipe
     from reterm.cards.model import training_record
+    from reterm.cards.model_inputs import load_recipe
 
     record = training_record(folder)
     recipes = options.get("recipes") or (record.recipes if record is not None else [])

@@ -49,6 +49,7 @@ except ImportError:  # pragma: no cover - depends on the install
     sys.path.insert(0, str(HERE.parent))
 
 import gradio as gr  # noqa: E402
+
 from live_run import (  # noqa: E402
     MAX_FORKS,
     MAX_TURNS,

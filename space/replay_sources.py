@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trajectory_view import EpisodeView, FanOutView
-
 from reterm.training.grpo_outputs import ROLLOUT_FILES, read_rollout_file
 from reterm.trajectory import Outcome, Trajectory
+
+from trajectory_view import EpisodeView, FanOutView
 
 MAX_ITEMS = 1000  # entries offered in the item dropdown (filter by category to see others)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

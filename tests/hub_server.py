@@ -71,7 +71,6 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
-
 from reterm.hub_metadata import split_front_matter, validate_card_metadata
 
 REPO_TYPES = ("model", "dataset", "space")

@@ -10,6 +10,9 @@ ones below it.
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -188,3 +191,12 @@ def test_only_reterm_is_installed():
     assert set(meta["tool"]["setuptools"].get("package-data", {})) <= {"reterm"}
     for folder in ("eval", "pipeline", "dataset_card", "model_card"):
         assert not (ROOT / folder / "__init__.py").exists(), f"{folder}/ holds scripts, not a package"
+
+
+def test_ruff_finds_nothing():
+    """``ruff check`` with the repository's own configuration (pyproject.toml: pyflakes, import order)."""
+    ruff = Path(sys.executable).parent / "ruff"
+    exe = str(ruff) if ruff.exists() else shutil.which("ruff")
+    assert exe, "ruff is not installed (requirements.txt pins it; run scripts/setup.sh)"
+    proc = subprocess.run([exe, "check", "--no-cache", str(ROOT)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

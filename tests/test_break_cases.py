@@ -16,11 +16,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "space"))
 sys.path.insert(0, str(REPO / "train"))
 
-from replay_sources import SourceError, open_source  # noqa: E402
-from trajectory_view import FanOutView, render_episode, render_fanout  # noqa: E402
-
 from reterm.agent.protocol import SYSTEM_PROMPT  # noqa: E402
 from reterm.trajectory import Action, Step, Trajectory  # noqa: E402
+
+from replay_sources import SourceError, open_source  # noqa: E402
+from trajectory_view import FanOutView, render_episode, render_fanout  # noqa: E402
 
 HELLO = REPO / "tests" / "fixtures" / "tasks" / "hello-file"
 RECORDS = REPO / "tests" / "fixtures" / "reterm10k_mini" / "data" / "train-00000-of-00001.parquet"

@@ -161,7 +161,7 @@ def test_check_reports_a_broken_drill(tmp_path):
     toml = broken["wc-number"] / "task.toml"
     meta = tomllib.loads(toml.read_text())["metadata"]
     toml.write_text(toml.read_text().replace(json.dumps(meta["first_mistake"]),
-                                             json.dumps(f"echo hi; wc -l < /dev/null > /dev/null")))  # fmt: skip
+                                             json.dumps("echo hi; wc -l < /dev/null > /dev/null")))  # fmt: skip
     results = {r.family: r for r in check_drills(list(broken.values()), progress=False)}
     assert not results["mkdir-parent"].ok and results["mkdir-parent"].seed == 9
     assert any("oracle reward 0.0" in p for p in results["mkdir-parent"].problems_found())

@@ -13,7 +13,16 @@ import pytest
 from harbor.models.trial.result import TrialResult
 from harbor.utils.pass_at_k import compute_pass_at_k_by_evals
 
-from reterm.eval.metrics import classify_trial, load_job, pass_at_1, pass_at_k, pass_at_ks, reward_of, summarize, task_counts
+from reterm.eval.metrics import (
+    classify_trial,
+    load_job,
+    pass_at_1,
+    pass_at_k,
+    pass_at_ks,
+    reward_of,
+    summarize,
+    task_counts,
+)
 from reterm.trajectory import Outcome
 
 JOBS = Path(__file__).parent / "fixtures" / "jobs"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from datasets import load_dataset
+from sandbox_support import run
 from transformers import AutoTokenizer
 
 from reterm.policies.scripted import assistant_turns, bash_call, submit_call
@@ -17,7 +18,6 @@ from reterm.training.failure_pool import PoolState, SnapshotCache, seed_states_f
 from reterm.training.grpo_policy import TokenTrajectoryPolicy, scripted_generate_fn
 from reterm.training.grpo_rollout import RolloutEngine, RolloutSettings
 from reterm.training.models import resolve_model_name_or_path
-from sandbox_support import run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

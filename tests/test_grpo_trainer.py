@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 from datasets import load_dataset
+from sandbox_support import HELLO_TASK
 
 from reterm.policies.scripted import assistant_commands, bash_call, submit_call
 from reterm.sandbox.box import live_boxes
 from reterm.sandbox.paths import sub
 from reterm.sandbox.snapshot import list_snapshots
-from sandbox_support import HELLO_TASK
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 G = 4

@@ -22,13 +22,13 @@ import sys
 import time
 
 import pytest
+from sandbox_support import HELLO_TASK, REPO, assert_box_cleaned
 
 from reterm.agent.episode import run_episode
 from reterm.agent.protocol import parse_action
 from reterm.policies.scripted import ScriptedPolicy, bash_call
 from reterm.sandbox.local import LocalEnvironment
 from reterm.trajectory import Outcome
-from sandbox_support import HELLO_TASK, REPO, assert_box_cleaned
 
 SOLVE = 'echo "Hello, world!" > /app/hello.txt'
 

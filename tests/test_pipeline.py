@@ -276,8 +276,8 @@ def test_journal_refuses_another_config_and_resumes_the_same(tmp_path):
 
 
 def test_cli_reports_bad_configs(tmp_path, capsys):
-    from reterm.data.build import main
     from reterm.cli import main as reterm_main
+    from reterm.data.build import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("tasks: {split: nope}\n")

@@ -73,12 +73,12 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.slow
 def test_build_loads_and_kept_recoveries_replay_to_reward_1(uninterrupted):
     import datasets
+    from sandbox_support import run
 
-    from reterm.data.dataset_stats import load_stats
     from reterm.agent.episode import run_verifier
     from reterm.agent.terminal import TerminalSession
+    from reterm.data.dataset_stats import load_stats
     from reterm.sandbox.local import LocalEnvironment
-    from sandbox_support import run
 
     _, out, _ = uninterrupted
     ds = datasets.load_dataset(str(out))

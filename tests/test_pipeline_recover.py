@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sandbox_support import run
 
 from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.data.config import EnvironmentConfig, RecoveryConfig
@@ -14,7 +15,6 @@ from reterm.data.recover import WorkItem, run_attempts
 from reterm.data.teacher import OracleGuidedTeacher
 from reterm.recovery import localise
 from reterm.trajectory import Action, Outcome, Step, Trajectory
-from sandbox_support import run
 
 TASK = Path(__file__).resolve().parent.parent / "tasks" / "replace-missing-jq"
 LOCAL = EnvironmentConfig(type="local")

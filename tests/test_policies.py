@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from reterm.agent.protocol import TOOLS, initial_messages, parse_action
-from reterm.policies import FINISH_CONTEXT_LENGTH, Policy, load_policy
-from reterm.policies import smollm2
+from reterm.policies import FINISH_CONTEXT_LENGTH, Policy, load_policy, smollm2
 from reterm.policies.transformers_policy import TransformersPolicy, template_messages
 from reterm.tiny_qwen import build_tiny_qwen3_5
 

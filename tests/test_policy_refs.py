@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from reterm.policies import check_policy_spec, is_local_path, load_policy, resolve_hf_model
-from hub_server import HubServer
 from reterm.tiny_qwen import build_tiny_qwen3_5
+
+from hub_server import HubServer
 
 TOKEN = "hf_" + "PolicyRefsTokenAbcdefghijklmnopq12"
 REPO = str(Path(__file__).resolve().parents[1])

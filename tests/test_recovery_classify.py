@@ -21,8 +21,8 @@ from reterm.recovery import (
     evaluate,
     load_labelled,
     parse_judge_answer,
+    shell,
 )
-from reterm.recovery import shell
 from reterm.recovery.classifier_eval import score
 from reterm.recovery.taxonomy import FAILURE_CATEGORIES, LABELS, parse_category
 

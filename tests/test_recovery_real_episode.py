@@ -4,13 +4,13 @@ policy that makes typical mistakes, the task's real verifier, then reterm.recove
 from __future__ import annotations
 
 import pytest
+from sandbox_support import HELLO_TASK, run
 
 from reterm.agent.episode import run_episode, run_verifier
 from reterm.policies.scripted import ScriptedPolicy
 from reterm.recovery import in_trial_recovery, localise
 from reterm.sandbox.local import LocalEnvironment
 from reterm.trajectory import Outcome
-from sandbox_support import HELLO_TASK, run
 
 SCRIPT = [
     "which jq",                               # 0 probe answering no: not a failure

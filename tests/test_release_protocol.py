@@ -89,8 +89,8 @@ def drills(tmp_path_factory):
 def test_attempt_level_failure_state_in_the_real_sandbox(drills):
     """A failed first attempt is snapshotted before the verifier; a fork of it, with the whole attempt and the
     feedback as context, is recovered by the reference solution; the record is target_attempt_index 2."""
-    from reterm.data.drills import first_mistake, read_splits
     from reterm.agent.episode import load_task
+    from reterm.data.drills import first_mistake, read_splits
     from reterm.policies.scripted import OraclePolicy
     from reterm.recovery.attempts import attempt_end_state, release, run_attempts
 
@@ -147,8 +147,8 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     """reterm.data.drills writes verified attempt-level records; reterm.eval.drills scores an oracle against an agent that
     submits at once, on the same items, with Wilson intervals, Recovery@k, the Fatal Attempt Rate and a paired
     difference whose interval excludes 0."""
-    from reterm.eval.drills import _injected_states, compare, evaluate_model, report
     from reterm.data.drills import build, read_splits
+    from reterm.eval.drills import _injected_states, compare, evaluate_model, report
     from reterm.policies.scripted import OraclePolicy, ScriptedPolicy
     from reterm.recovery.attempts import release
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from harbor.environments.base import SandboxBuildFailedError
+from sandbox_support import HELLO_TASK, REPO, assert_box_cleaned, processes_mentioning, run, run_dirs_of
 
 from reterm.sandbox.base_image import find_base
 from reterm.sandbox.box import ExecTimeoutError, SandboxError, live_boxes
@@ -23,7 +24,6 @@ from reterm.sandbox.local import LocalEnvironment
 from reterm.sandbox.paths import sub
 from reterm.sandbox.snapshot import Snapshot
 from reterm.sandbox.sweep import sweep
-from sandbox_support import HELLO_TASK, REPO, assert_box_cleaned, processes_mentioning, run, run_dirs_of
 
 
 def make_task(root: Path, dockerfile: str, files: dict[str, str] | None = None, toml: str = "") -> Path:

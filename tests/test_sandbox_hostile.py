@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_support import HELLO_TASK, REPO, assert_box_cleaned, host_state, processes_mentioning, run
 
 from reterm.sandbox.box import ExecTimeoutError
 from reterm.sandbox.local import LocalEnvironment
-from sandbox_support import HELLO_TASK, REPO, assert_box_cleaned, host_state, processes_mentioning, run
 
 SECRET = "TOP-SECRET-HOST-FILE-4711"
 

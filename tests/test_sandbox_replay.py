@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from sandbox_support import HELLO_TASK, run
+
 from reterm.sandbox.local import LocalEnvironment
 from reterm.sandbox.replay import RecordedCommand, build_script, commands_from_trajectory, parse_output, replay_fork
 from reterm.trajectory import Action, Step, Trajectory
-from sandbox_support import HELLO_TASK, run
 
 PREFIX = [
     RecordedCommand("cd /tmp && mkdir -p work", 0),

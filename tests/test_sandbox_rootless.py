@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_support import HELLO_TASK, REPO, run
 
 from reterm.sandbox.box import Box, BoxSpec, SandboxError
 from reterm.sandbox.local import LocalEnvironment
 from reterm.sandbox.rootless import rootless_problems, userns_sysctl_problems
-from sandbox_support import HELLO_TASK, REPO, run
 
 NOBODY = 61234  # the non-root user of these tests (no passwd entry needed)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")

@@ -71,10 +71,11 @@ def test_per_record_likelihood_base_vs_merged(trained):
 
 @pytest.mark.slow
 def test_merged_model_runs_an_episode_in_the_harness(trained):
+    from sandbox_support import HELLO_TASK, run
+
     from reterm.agent.episode import run_episode, run_verifier
     from reterm.policies import load_policy
     from reterm.sandbox.local import LocalEnvironment
-    from sandbox_support import HELLO_TASK, run
 
     policy = load_policy(f"hf:{trained / 'merged'}", temperature=0, max_new_tokens=96)
     assert type(policy.model).__name__ == "LlamaForCausalLM"

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sandbox_support import run_dirs_of
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,12 +14,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "space"))
 
+from reterm.agent.protocol import SYSTEM_PROMPT  # noqa: E402
+from reterm.trajectory import Action, Step, Trajectory  # noqa: E402
+
 from live_run import MAX_FORKS, check_endpoint, list_tasks, validate_request  # noqa: E402
 from replay_sources import SourceError, fanout_view, open_source  # noqa: E402
 from trajectory_view import EpisodeView, FanOutView, esc, render_episode, render_fanout  # noqa: E402
-
-from reterm.agent.protocol import SYSTEM_PROMPT  # noqa: E402
-from reterm.trajectory import Action, Step, Trajectory  # noqa: E402
 
 RECORDS = REPO / "tests" / "fixtures" / "reterm10k_mini"
 JOBS = REPO / "tests" / "fixtures" / "jobs" / "demo"
@@ -199,11 +199,12 @@ def test_premature_submit_forks_from_the_end_state():
     completion, and the attempts start from the end state snapshotted before the verifier ran."""
     import asyncio
 
-    from live_run import LiveRun
     from sandbox_support import run_dirs_of
 
     from reterm.policies.base import Generation
     from reterm.policies.scripted import OraclePolicy, bash_call, submit_call
+
+    from live_run import LiveRun
 
     task = ROOTS[0] / "hello-file"
     oracle = OraclePolicy(task)

@@ -122,8 +122,8 @@ def check_recipe_file(path: Path) -> str:
 # ------------------------------------------------------------------------------- 2. pipeline, eval
 def check_pipeline(path: Path) -> str:
     """Load the pipeline config and construct its endpoint policies (nothing is sent)."""
-    from reterm.data.config import load_config
     from reterm.agent.environments import environment_kind
+    from reterm.data.config import load_config
     from reterm.policies import load_policy
 
     cfg = load_config(path)

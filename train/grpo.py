@@ -40,7 +40,14 @@ from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.failure_pool import FailurePool, PoolState, seed_states_from_records, task_start_states
 from reterm.training.grpo_config import ReTermGRPOConfig
 from reterm.training.grpo_outputs import recovery_table, totals_from_rollouts, write_grpo_curves
-from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, require_model_and_dataset, resolve_model_name_or_path
+from reterm.training.models import (
+    hub_id_of,
+    load_model,
+    load_tokenizer,
+    lora_config,
+    require_model_and_dataset,
+    resolve_model_name_or_path,
+)
 from reterm.training.outputs import package_versions, write_run_files, write_training_summary
 from reterm.training.sft_data import load_records
 
@@ -146,9 +153,9 @@ def build_pool(script_args: GRPOScriptArguments, args: ReTermGRPOConfig, tokeniz
     if args.mode == "standard":
         states = task_start_states(script_args.standard_tasks or sorted({s.task_id for s in seeds}), args.task_dirs)
         print(f"[grpo] standard mode: {len(states)} tasks: {', '.join(s.task_id for s in states)}", file=sys.stderr)
-    from reterm.training.likelihood import training_chat_template
     from reterm.agent.protocol import TOOLS
     from reterm.policies.transformers_policy import template_messages
+    from reterm.training.likelihood import training_chat_template
 
     template = training_chat_template(tokenizer)
     kwargs = args.chat_template_kwargs or {}

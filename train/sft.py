@@ -38,7 +38,14 @@ from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.lean import lean_fused_lm_head
 from reterm.training.likelihood import training_chat_template
-from reterm.training.models import hub_id_of, load_model, load_tokenizer, lora_config, require_model_and_dataset, resolve_model_name_or_path
+from reterm.training.models import (
+    hub_id_of,
+    load_model,
+    load_tokenizer,
+    lora_config,
+    require_model_and_dataset,
+    resolve_model_name_or_path,
+)
 from reterm.training.outputs import package_versions, write_curves, write_run_files, write_training_summary
 from reterm.training.sft_data import load_records, to_sft_dataset
 

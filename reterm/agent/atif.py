@@ -72,9 +72,9 @@ def to_atif(traj: Trajectory, session_id: str | None = None) -> Any:
         Metrics,
         Observation,
         ObservationResult,
+        ToolCall,
     )
     from harbor.models.trajectories import Step as AtifStep
-    from harbor.models.trajectories import ToolCall
     from harbor.models.trajectories import Trajectory as AtifTrajectory
 
     traj.unique_call_ids()

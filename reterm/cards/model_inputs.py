@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from reterm.json_files import read_validated_json
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reterm.json_files import read_validated_json
 
 EVAL_SCHEMA = "reterm-eval/1"
 

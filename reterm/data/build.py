@@ -310,8 +310,8 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
         ConfigError: a config that cannot be used (tasks, splits, policies...).
         ConfigMismatchError: ``output`` holds a build made with another config (use ``fresh``).
     """
-    from reterm.data.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
     from reterm.data.build_report import markdown, plots
+    from reterm.data.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
     from reterm.data.write import build_stats, per_category_counts, records_from_unit, split_records, write_output
 
     t0 = time.monotonic()

@@ -54,8 +54,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from reterm.json_files import read_validated_json
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reterm.json_files import read_validated_json
 
 SCHEMA_VERSION = "reterm-dataset-stats/1"
 

@@ -273,8 +273,8 @@ async def run_commands(task_dir: Any, commands: list[str], environment: Any, tim
     seconds (written into its tool call, so a replay applies it). Returns the scored trajectory (or one
     with an infrastructure-fault outcome); the environment is always stopped.
     """
-    from reterm.data.environments import make_environment, stop_quietly
     from reterm.agent.episode import EpisodeSpec, run_episodes
+    from reterm.data.environments import make_environment, stop_quietly
     from reterm.policies.scripted import ScriptedPolicy
 
     env = make_environment(environment, task_dir, "inject")

@@ -36,7 +36,7 @@ from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
 from reterm.policies.scripted import OraclePolicy
-from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts, task_category
+from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.stats import paired_bootstrap, rate
 from reterm.trajectory import Outcome, write_json_atomic
 

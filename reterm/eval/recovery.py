@@ -124,8 +124,8 @@ def states_from_records(path: str | Path) -> list[Any]:
     Raises ``ValueError`` naming the file and record id for a record whose prefix cannot be read.
     """
     from reterm.agent.atif import from_messages
-    from reterm.recovery.localise import FailureState
     from reterm.records import chat_messages
+    from reterm.recovery.localise import FailureState
 
     path = Path(path)
     states = []

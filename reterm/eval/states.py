@@ -56,8 +56,8 @@ async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float
     from reterm.agent.episode import run_episode
     from reterm.agent.protocol import TOOLS
     from reterm.policies.scripted import ScriptedPolicy
-    from reterm.recovery.localise import localise
     from reterm.records import normalise_message
+    from reterm.recovery.localise import localise
     from reterm.sandbox.local import LocalEnvironment
     from reterm.trajectory import Outcome, Trajectory
 

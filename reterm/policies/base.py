@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-
 FINISH_CONTEXT_LENGTH = "context_length"
 """``Generation.finish_reason`` of a conversation too long for the model's context (nothing generated).
 The episode loop ends that episode as an agent failure (the agent's conversation outgrew its model),

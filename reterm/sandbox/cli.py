@@ -69,10 +69,9 @@ def main(argv: list[str]) -> int:
         return 0
     if args.cmd == "list":
         from reterm.sandbox.paths import cache_root, sub
+        from reterm.sandbox.rootless import rootless_problems, sandbox_mode
         from reterm.sandbox.snapshot import list_snapshots
         from reterm.sandbox.sweep import live_sandbox_states
-
-        from reterm.sandbox.rootless import rootless_problems, sandbox_mode
 
         mode = sandbox_mode()
         problems = "; ".join(rootless_problems()) if mode == "rootless" else ""
