@@ -21,6 +21,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "train"))
 
+import run_summary  # noqa: E402  (train/run_summary.py)
 import stages  # noqa: E402  (train/stages.py)
 
 PY = sys.executable
@@ -279,7 +280,7 @@ def test_summary_reads_results_and_stage_records(tmp_path):
         )
     )
     stages.run_stage(run, "sft", [PY, "-c", "pass"], [], [])
-    md, data = stages.build_summary(run, STAGE_ORDER[:-1])
+    md, data = run_summary.build_summary(run, STAGE_ORDER[:-1])
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
     assert "30.0% ± 5.0%" in rows["ReTerm-GRPO"] and "3/4 (75.0%)" in rows["ReTerm-GRPO"]
     assert "0/2 (0.0%)" in rows["ReTerm-GRPO"]  # recovery from recorded states: 3 % 3 = 0 of 2 attempts

@@ -1,0 +1,116 @@
+"""What a run of ``train/run_all.sh`` keeps about itself: the four models, stage records
+(``RUN/stages/NAME.json``), paths as written in reports, and small formatting helpers.
+
+Standard library only: ``train/stages.py run`` uses it before ``.venv`` exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The four models of the final table: eval name -> (label, run sub-folder of the checkpoint or None for the base).
+MODELS = {
+    "base": ("base model", None),
+    "sft": ("SFT", "sft"),
+    "grpo-standard": ("standard GRPO", "grpo-standard"),
+    "grpo-reterm": ("ReTerm-GRPO", "grpo-reterm"),
+}
+# Other names of the same four models in an eval config (eval/configs/terminal-bench-2.0.yaml, this kit's harness).
+ALIASES = {
+    "base": ["reterm-base"],
+    "sft": ["reterm-sft"],
+    "grpo-standard": ["reterm-grpo-standard"],
+    "grpo-reterm": ["reterm-grpo"],
+}
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``3725.2`` -> ``"1h02m05s"``, ``65`` -> ``"1m05s"``, ``None`` -> ``"-"``."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def fmt_mb(mb: float | None) -> str:
+    """Megabytes as ``"812 MB"`` or ``"3.4 GB"``; ``None`` -> ``"-"``."""
+    if mb is None:
+        return "-"
+    return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+def marker_path(run_dir: Path, stage: str) -> Path:
+    """Where the completion record of ``stage`` lives (``RUN/stages/NAME.json``)."""
+    return Path(run_dir) / "stages" / f"{stage}.json"
+
+
+_NUMBERS = ("wall_s", "last_attempt_wall_s", "peak_mem_mb", "max_process_rss_mb", "load_avg_mean",
+            "earlier_s", "earlier_peak_mb", "elapsed_s", "earlier_attempts")  # fmt: skip
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A stage record (``NAME.json`` or ``NAME.running.json``): ``None`` when missing; when unreadable
+    (torn, not a JSON object) a warning naming the file on stderr and ``None``. Numeric fields that are
+    not numbers are dropped (with a warning), so a hand-edited record cannot break the summary."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"warning: stage record {path} is unreadable ({exc}); treated as missing", file=sys.stderr, flush=True)
+        return None
+    if not isinstance(rec, dict):
+        print(f"warning: stage record {path} is not a JSON object; treated as missing", file=sys.stderr, flush=True)
+        return None
+    for k in _NUMBERS:
+        v = rec.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            print(f"warning: stage record {path}: {k} = {v!r} is not a number; ignored", file=sys.stderr, flush=True)
+            rec.pop(k)
+    return rec
+
+
+def read_marker(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The completion record of ``stage``, or ``None`` when the stage has not completed (see :func:`read_record`)."""
+    return read_record(marker_path(run_dir, stage))
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def rel_path(path: Path) -> str:
+    """``path`` relative to the repository root when it is inside it, else absolute."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+def path_spec(path: Path) -> str:
+    """:func:`rel_path` written as a path for ``hf:`` policy specs (``./runs/...``; a bare relative name
+    would be read as a Hub id)."""
+    rel = rel_path(path)
+    return rel if Path(rel).is_absolute() else f"./{rel}"
