@@ -55,7 +55,7 @@ def test_recipes_parse_with_the_script_parser(sft):
     script, train, model, _ = sft.parse_args(["--config", str(RECIPE_CPU)])
     assert model.model_name_or_path == "smollm2" and model.use_peft and train.use_cpu and not train.bf16
     assert train.assistant_only_loss and train.completion_only_loss and script.merge_adapter
-    assert script.dataset_name == "tests/fixtures/reterm10k_mini" and script.dataset_test_split == "test"
+    assert script.dataset_name == "runs/smollm2-135m/data" and script.dataset_test_split == "test"  # run_all.sh writes it
 
     script, train, model, _ = sft.parse_args(["--config", str(RECIPE_9B), "--use_cpu", "True", "--bf16", "False"])
     assert model.model_name_or_path == "Qwen/Qwen3.5-9B" and not model.use_peft and model.dtype == "bfloat16"
