@@ -226,3 +226,19 @@ def test_grpo_pool_takes_attempt_level_records_and_grows_attempt_level_online_st
     assert new.prompt[: len(parent.prompt)] == parent.prompt  # the first attempt and its feedback stay context
     assert new.prompt[-1]["content"] == FEEDBACK_MESSAGE and len(new.prompt) == len(parent.prompt) + 4
     assert new.source == "online" and new.parent_id == parent.state_id
+
+
+@pytest.mark.slow
+def test_drills_evaluation_without_injected_states(drills, tmp_path):
+    """``--max-states 0``: Pass@1 only; Recovery@1 from injected states is reported with n = 0 instead of the
+    run failing on an empty set of states."""
+    from reterm.eval.drills import main
+
+    out = tmp_path / "eval"
+    rc = main(["--tasks", str(drills), "--output", str(out), "--model", "base=smollm2", "--max-id", "1",
+               "--max-ood", "0", "--max-states", "0", "--own-items", "0", "--k-max", "1", "--max-turns", "1",
+               "--max-new-tokens", "8"])  # fmt: skip
+    assert rc == 0
+    metrics = json.loads((out / "base" / "metrics.json").read_text())
+    assert metrics["pass_at_1"]["drills_id"]["n"] == 1
+    assert metrics["recovery_at_1"]["drills_id"]["n"] == 0

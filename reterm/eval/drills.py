@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
 
     todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
-    injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo else ([], [], [])
+    injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo and state_dirs else ([], [], [])
     try:
         for name in todo:
             _say(f"model {name} = {models[name]}")
