@@ -12,7 +12,9 @@ Prints tokens/s (every token of a batch, prompt included, counts) and peak resid
 model, optimiser and activations included) of each, then one JSON line with ``sft_over_bare`` (target >= 0.67)
 and ``sft_peak_gb`` (target <= 3).
 
-Usage: ``python bench/sft_throughput.py [--config train/recipes/smollm2-135m/sft.yaml] [--steps 4]``
+Usage: ``python bench/sft_throughput.py [--config train/recipes/smollm2-135m/sft.yaml] [--dataset DIR] [--steps 4]``
+(``--dataset``: default the repository's small recovery fixture, so that it runs from a fresh clone; the
+recipe's own dataset is the embedded run's ``runs/smollm2-135m/data``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _sft_module():
     return module
 
 
-def build_trainer(config: str, steps: int, out: str):
+def build_trainer(config: str, dataset: str, steps: int, out: str):
     """The recipe's SFTTrainer as train/sft.py builds it (no evaluation, no saving)."""
     from trl import SFTTrainer
 
@@ -48,7 +50,7 @@ def build_trainer(config: str, steps: int, out: str):
 
     sft = _sft_module()
     script_args, training_args, model_args, _ = sft.parse_args([
-        "--config", config, "--output_dir", out, "--max_steps", str(steps + 1), "--eval_strategy", "no",
+        "--config", config, "--dataset_name", dataset, "--output_dir", out, "--max_steps", str(steps + 1), "--eval_strategy", "no",
         "--eval_on_start", "False", "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1000",
     ])  # fmt: skip
     sft.lean_fused_lm_head()  # as train/sft.py does before building its trainer
@@ -62,13 +64,13 @@ def build_trainer(config: str, steps: int, out: str):
                       peft_config=lora_config(model_args))  # fmt: skip
 
 
-def run_side(side: str, config: str, steps: int) -> dict:
+def run_side(side: str, config: str, dataset: str, steps: int) -> dict:
     import torch
     from transformers import TrainerCallback
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as out:
-        trainer = build_trainer(config, steps, out)
+        trainer = build_trainer(config, dataset, steps, out)
         accum = trainer.args.gradient_accumulation_steps
         tokens, timed = [0], {"t0": None, "t1": None}
         if side == "sft":
@@ -114,16 +116,18 @@ def run_side(side: str, config: str, steps: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(REPO / "train/recipes/smollm2-135m/sft.yaml"))
+    ap.add_argument("--dataset", default=str(REPO / "tests/fixtures/reterm10k_mini"), help="records folder or Hub id")
     ap.add_argument("--steps", type=int, default=4, help="timed optimiser steps (after one warm-up step)")
     ap.add_argument("--side", choices=("sft", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.side:
-        print("RESULT " + json.dumps(run_side(args.side, args.config, args.steps)))
+        print("RESULT " + json.dumps(run_side(args.side, args.config, args.dataset, args.steps)))
         return 0
 
     results = {}
     for side in ("bare", "sft"):
-        proc = subprocess.run([sys.executable, __file__, "--side", side, "--config", args.config, "--steps", str(args.steps)],
+        proc = subprocess.run([sys.executable, __file__, "--side", side, "--config", args.config, "--dataset", args.dataset,
+                               "--steps", str(args.steps)],
                               capture_output=True, text=True, cwd=REPO)  # fmt: skip
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
