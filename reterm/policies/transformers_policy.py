@@ -26,7 +26,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from reterm.malloc import bound_freed_memory
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
 from reterm.policies.kv_cache import DEFAULT_MAX_BYTES, PrefixKVCache
 from reterm.policies.sampling import SamplingParams
@@ -178,8 +177,6 @@ class TransformersPolicy:
         self.model_path, self.adapter_path = model_path, adapter_path
 
         self.device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-        if self.device.type == "cpu":
-            bound_freed_memory()
         self.dtype = self._resolve_dtype(dtype, self.device)
         if self.sampling.seed is not None:
             torch.manual_seed(self.sampling.seed)
