@@ -73,3 +73,38 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, n_boot: int = 50
     hi = means[min(n_boot - 1, int((1 + level) / 2 * n_boot))]
     return {"diff": round(sum(d) / n, 4), "ci95": [round(lo, 4), round(hi, 4)], "n": n,
             "excludes_zero": lo > 0 or hi < 0}
+
+
+def group_signal(rewards: list[float | None]) -> tuple[int, bool]:
+    """``(scored attempts, whether their rewards differ)`` of one group (``None`` = an infrastructure fault)."""
+    scored = [r for r in rewards if r is not None]
+    return len(scored), len(scored) >= 2 and len(set(scored)) > 1
+
+
+def signal_attempt_share(groups: list[list[float | None]], *, n_boot: int = 5000, seed: int = 0) -> dict[str, Any]:
+    """The share of attempts that carry a GRPO learning signal, over some groups: ``{"value", "ci95", "n", "groups", "signal_groups"}``.
+
+    ``value`` = attempts in groups with differing rewards / scored attempts; ``n`` = scored attempts; the
+    interval is a percentile bootstrap over groups (attempts of one group are not independent). A group
+    whose rewards are all equal has zero advantages and no gradient (GRPO; TRL 1.16), so only attempts in
+    groups with differing rewards count. Groups with fewer than two scored attempts are left out.
+
+    Args:
+        groups: per group, its attempts' rewards (``None`` for an infrastructure fault).
+    """
+    cells = [group_signal(g) for g in groups]
+    cells = [(k, s) for k, s in cells if k >= 2]
+    total = sum(k for k, _ in cells)
+    if not total:
+        return {"value": None, "ci95": None, "n": 0, "groups": 0, "signal_groups": 0}
+    value = sum(k for k, s in cells if s) / total
+    rng = random.Random(seed)
+    boots = []
+    for _ in range(n_boot):
+        draw = [cells[rng.randrange(len(cells))] for _ in cells]
+        den = sum(k for k, _ in draw)
+        boots.append(sum(k for k, s in draw if s) / den)
+    boots.sort()
+    lo, hi = boots[int(0.025 * n_boot)], boots[min(n_boot - 1, int(0.975 * n_boot))]
+    return {"value": round(value, 4), "ci95": [round(lo, 4), round(hi, 4)], "n": total, "groups": len(cells),
+            "signal_groups": sum(1 for _, s in cells if s)}  # fmt: skip

@@ -57,6 +57,8 @@ class Drill:
         test_files: more files of the verifier (``tests/<name>``: text), e.g. hidden checks.
         recovery: the commands (1 to 4) that finish the task from the state the first mistake leaves;
             ``None``: the solution does (see :attr:`recovery_commands`).
+        stages: the chained hurdles of a multi-stage drill (:mod:`reterm.drills.multistage`); each stage has
+            1 to 4 commands of the solution.
     """
 
     family: str
@@ -73,15 +75,17 @@ class Drill:
     mistake_timeout_s: float | None = None
     test_files: dict[str, str] = field(default_factory=dict)
     recovery: list[str] | None = None
+    stages: int = 1
 
     def __post_init__(self) -> None:
         cat = parse_category(self.category)
         if not cat.is_failure:
             raise ValueError(f"drill family {self.family}: {self.category!r} is not a failure category")
-        if not 1 <= len(self.solution) <= 4:
-            raise ValueError(f"drill family {self.family}: solution has {len(self.solution)} commands (1 to 4)")
-        if self.recovery is not None and not 1 <= len(self.recovery) <= 4:
-            raise ValueError(f"drill family {self.family}: recovery has {len(self.recovery)} commands (1 to 4)")
+        most = 4 * self.stages
+        if self.stages < 1 or not 1 <= len(self.solution) <= most:
+            raise ValueError(f"drill family {self.family}: solution has {len(self.solution)} commands (1 to {most})")
+        if self.recovery is not None and not 1 <= len(self.recovery) <= most:
+            raise ValueError(f"drill family {self.family}: recovery has {len(self.recovery)} commands (1 to {most})")
         for path in self.files:
             if not path.startswith("/") or ".." in path.split("/"):
                 raise ValueError(f"drill family {self.family}: environment path {path!r} is not absolute and clean")

@@ -220,3 +220,42 @@ class OraclePolicy:
     def generate(self, batch: list[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[Generation]:
         """One :class:`Generation` per conversation (``finish_reason="stop"``, no token counts)."""
         return [Generation(text=self.reply(messages), finish_reason="stop") for messages in batch]
+
+
+class TokenCapped:
+    """A policy whose every reply is cut to ``max_new_tokens`` tokens, the way a model's generation is cut.
+
+    A model's turn counts its end-of-turn token (``eos``) against the cap: a reply of ``n`` text tokens needs
+    ``n + 1``. A reply that does not fit is truncated to its first ``max_new_tokens`` tokens (decoded), so
+    a cut tool call arrives broken, exactly as a capped model's would (``finish_reason="length"``). Used to
+    check that the reference solution passes under the evaluation's and training's caps (issue 24: caps
+    that make items unwinnable are a confound).
+
+    Args:
+        policy: the wrapped policy (usually :class:`OraclePolicy` or a teacher).
+        tokenizer: a Hugging Face tokenizer (the evaluated model's).
+        max_new_tokens: tokens per turn, end-of-turn token included.
+        eos: the end-of-turn text appended before counting (SmolLM2's ChatML: ``<|im_end|>``).
+    """
+
+    def __init__(self, policy: Any, tokenizer: Any, max_new_tokens: int, *, eos: str = "<|im_end|>") -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"TokenCapped: max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.policy, self.tokenizer, self.max_new_tokens, self.eos = policy, tokenizer, max_new_tokens, eos
+        self.name = f"{policy.name}@{max_new_tokens}tok"
+        self.cut = 0  # replies truncated so far
+
+    def tokens(self, text: str) -> int:
+        """Tokens a model spends writing ``text`` and ending its turn."""
+        return len(self.tokenizer(text + self.eos, add_special_tokens=False)["input_ids"])
+
+    def generate(self, batch: list[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[Generation]:
+        out = []
+        for g in self.policy.generate(batch, tools):
+            if self.tokens(g.text) <= self.max_new_tokens:
+                out.append(g)
+                continue
+            self.cut += 1
+            ids = self.tokenizer(g.text, add_special_tokens=False)["input_ids"][: self.max_new_tokens]
+            out.append(Generation(text=self.tokenizer.decode(ids), finish_reason="length"))
+        return out

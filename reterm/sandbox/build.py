@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -154,14 +155,25 @@ def find_layer(key: str) -> TaskLayer | None:
     return None
 
 
+_LOOP_LOCKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]]" = weakref.WeakKeyDictionary()
+
+
 @contextlib.asynccontextmanager
 async def _async_lock(name: str, log) -> AsyncIterator[None]:
-    cm = file_lock(name, wait_message=f"waiting for another process building {name}", log=log)
-    await asyncio.to_thread(cm.__enter__)
-    try:
-        yield
-    finally:
-        cm.__exit__(None, None, None)
+    """The build lock ``name`` across processes (``flock``) and, first, within this event loop.
+
+    The in-loop lock matters: without it, G sandboxes of one unbuilt task started together would each wait
+    for the ``flock`` in a thread of the loop's default executor (6 threads on 2 cores) and could fill it,
+    while the build holding the lock needs that executor to finish (a deadlock seen with 16 starts).
+    """
+    local = _LOOP_LOCKS.setdefault(asyncio.get_running_loop(), {}).setdefault(name, asyncio.Lock())
+    async with local:
+        cm = file_lock(name, wait_message=f"waiting for another process building {name}", log=log)
+        await asyncio.to_thread(cm.__enter__)
+        try:
+            yield
+        finally:
+            cm.__exit__(None, None, None)
 
 
 async def ensure_layer(

@@ -157,6 +157,8 @@ def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
     """Whole-run counts recomputed from the attempts written to ``output_dir/rollouts/`` (a resumed run's
     rounds before the resume included), with the keys of ``ReTermGRPOTrainer.totals``: ``groups``,
     ``attempts``, ``scored``, ``passed``, ``infra``, ``zero_variance_groups``, ``dropped_<kind>``,
+    ``signal_attempts`` (scored attempts in groups whose rewards differ: the ones with a gradient; also
+    ``signal_attempts/<state source>`` beside ``scored/<state source>``),
     ``cat_attempts/<category>`` and ``cat_passed/<category>`` (ReTerm mode: the state's category; standard
     mode: the categories localised in each scored attempt). Files of one round are read once (the latest
     write of a round wins).
@@ -178,6 +180,11 @@ def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
             scored = [m for m in members if m["reward"] is not None]
             if scored and len({m["reward"] for m in scored}) == 1 and not dropped:
                 totals["zero_variance_groups"] += 1
+            source = members[0].get("state_source") or "unknown"
+            signal = len(scored) if not dropped and len({m["reward"] for m in scored}) > 1 else 0
+            totals["signal_attempts"] += signal
+            totals[f"signal_attempts/{source}"] += signal
+            totals[f"scored/{source}"] += 0 if dropped else len(scored)
             for m in members:
                 totals["attempts"] += 1
                 totals["infra"] += m.get("mask_reason") == "infra_fault"
@@ -195,3 +202,25 @@ def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
                     totals[f"cat_attempts/{c}"] += 1
                     totals[f"cat_passed/{c}"] += passed
     return totals
+
+
+def signal_share_from_rollouts(folder: str | Path) -> dict[str, Any]:
+    """``signal_attempt_share`` of a GRPO run from its ``rollouts/`` (:func:`reterm.stats.signal_attempt_share`):
+    ``{"all": {...}, "by_source": {source: {...}}}``, each ``{"value", "ci95", "n", "groups", "signal_groups"}``.
+    Dropped groups are left out (they were never trained on); a resumed run's rounds count once."""
+    from reterm.stats import signal_attempt_share
+
+    groups: list[list[float | None]] = []
+    by_source: dict[str, list[list[float | None]]] = {}
+    for path in sorted(Path(folder).glob(ROLLOUT_FILES)):
+        members: dict[int, list[dict]] = {}
+        for r in read_rollout_file(path):
+            members.setdefault(r["group"], []).append(r)
+        for rows in members.values():
+            if rows[0].get("dropped"):
+                continue
+            rewards = [m["reward"] for m in rows]
+            groups.append(rewards)
+            by_source.setdefault(rows[0].get("state_source") or "unknown", []).append(rewards)
+    return {"all": signal_attempt_share(groups),
+            "by_source": {s: signal_attempt_share(g) for s, g in sorted(by_source.items())}}

@@ -399,6 +399,11 @@ class ReTermGRPOTrainer(GRPOTrainer):
             scored = [a for a in gr.attempts if a.reward is not None]
             s["scored_groups"] += bool(scored)
             s["zero_variance_groups"] += bool(scored) and gr.zero_variance
+            # attempts that carry a learning signal: scored ones in a group whose rewards differ (issue 24)
+            signal = len(scored) if len(scored) >= 2 and not gr.zero_variance else 0
+            s["signal_attempts"] += signal
+            s[f"signal_attempts/{gr.state.source}"] += signal
+            s[f"scored/{gr.state.source}"] += len(scored)
             for a in gr.attempts:
                 s["attempts"] += 1
                 s["run_attempts"] += 1
@@ -444,6 +449,7 @@ class ReTermGRPOTrainer(GRPOTrainer):
         dropped = sum(v for k, v in total.items() if k.startswith("dropped_"))
         m["reterm/reward_mean"].append(div(total["reward"], total["scored"]))
         m["reterm/zero_variance_group_share"].append(div(total["zero_variance_groups"], total["scored_groups"]))
+        m["reterm/signal_attempt_share"].append(div(total["signal_attempts"], total["scored"]))
         m["reterm/infra_fault_share"].append(div(total["infra"], total["attempts"]))
         m["reterm/dropped_group_share"].append(div(dropped, total["groups"]))
         m["reterm/turns_per_attempt"].append(div(total["turns"], total["run_attempts"]))

@@ -1,0 +1,294 @@
+"""``python -m eval.mechanism --model SPEC --output DIR``: the ReTerm-GRPO mechanism measured without training.
+
+The paper's claim is that groups forked from the agent's *own* failure states carry more learning signal than
+groups that start over. A GRPO group has a gradient only when its rewards differ (equal rewards give zero
+advantages), so the quantity is ``signal_attempt_share``: the share of attempts that sit in groups whose
+rewards are not all equal. This experiment measures it for one fixed policy on the same tasks in two arms:
+
+- **task_start** (standard GRPO's groups): G attempts from each task's start;
+- **failure_state** (ReTerm-GRPO's groups): the first failed attempt among those G is the policy's own
+  failure state (the release's protocol: its files snapshotted when the attempt ended, before the verifier,
+  then the feedback message; :mod:`reterm.recovery.attempts`), and G recovery attempts start from forks of it.
+
+Same policy, G, caps, sampling and tasks in both arms, so the difference is paired by task. A task whose G
+start attempts all passed has no failure state: it counts in the task-start arm (a zero-signal group) and is
+left out of the paired difference (reported as ``no_failure_state``); choosing the failure state from the
+start group makes the start groups of paired tasks hold at least one failure, which can only raise the
+task-start arm's share (the comparison is conservative for ReTerm). Infrastructure faults are counted
+apart and leave the groups (a group needs two scored attempts).
+
+Tasks are multi-stage drills (:mod:`reterm.drills.multistage`): two chained hurdles, so a failed attempt can
+keep real progress. Power: with ``psi`` the share of paired tasks on which the two arms disagree (one group
+has signal, the other not), a paired difference ``delta`` is detected with 80% power at 95% (two-sided) with
+about ``n = 7.85 (psi - delta^2) / delta^2`` tasks (the normal approximation of McNemar's test); the smallest
+detectable difference at ``n`` is ``sqrt(7.85 psi / (n + 7.85))``, reported next to the difference.
+
+Outputs in ``DIR``: ``tasks/`` (the drills), ``groups.jsonl`` (one line per task, appended as chunks finish:
+a rerun resumes after the last finished chunk and never counts a task twice), ``attempts.jsonl`` (every
+attempt's trajectory), ``mechanism.json``, ``report.md`` and ``signal.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from reterm.stats import group_signal, paired_bootstrap, rate
+from reterm.stats import signal_attempt_share as share_with_interval
+from reterm.trajectory import Outcome, write_json_atomic
+
+ARMS = ("task_start", "failure_state")
+POWER_Z = 7.85
+"""``(z_{0.975} + z_{0.8})^2``: the constant of the paired sample-size formula (80% power, 95% two-sided)."""
+
+
+def _say(msg: str) -> None:
+    print(f"[mechanism] {msg}", flush=True)
+
+
+def min_detectable(psi: float, n: int) -> float | None:
+    """Smallest paired difference detected with 80% power at 95% with ``n`` items and discordance ``psi``."""
+    if n <= 0 or psi <= 0:
+        return None
+    return round(math.sqrt(POWER_Z * psi / (n + POWER_Z)), 4)
+
+
+def items_needed(psi: float, delta: float) -> int | None:
+    """Paired items needed to detect ``delta`` (80% power, 95%) at discordance ``psi`` (None if impossible)."""
+    if delta <= 0 or psi <= delta**2:
+        return None
+    return math.ceil(POWER_Z * (psi - delta**2) / delta**2)
+
+
+def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict[str, Any]:
+    """The experiment's metrics from its ``groups.jsonl`` rows (see the module docstring).
+
+    Each row: ``{"task", "family", "category", "task_start": {"rewards": [...]}, "failure_state":
+    {"rewards": [...], "category", "state_id"} | None}`` (rewards ``None`` for infrastructure faults).
+    """
+    out: dict[str, Any] = {"n_tasks": len(rows)}
+    start_groups = [r["task_start"]["rewards"] for r in rows]
+    fail_rows = [r for r in rows if r.get("failure_state")]
+    out["signal_attempt_share"] = {
+        "task_start": share_with_interval(start_groups),
+        "failure_state": share_with_interval([r["failure_state"]["rewards"] for r in fail_rows]),
+    }
+    out["pass_rate"] = {
+        "task_start": rate([x for g in start_groups for x in g if x is not None]),
+        "failure_state": rate([x for r in fail_rows for x in r["failure_state"]["rewards"] if x is not None]),
+    }
+    out["no_failure_state"] = len(rows) - len(fail_rows)
+    out["infra_faults"] = sum(x is None for r in rows for x in r["task_start"]["rewards"]) + sum(
+        x is None for r in fail_rows for x in r["failure_state"]["rewards"])
+    # paired over tasks whose both groups were scored
+    a, b = [], []
+    for r in fail_rows:
+        ka, sa = group_signal(r["task_start"]["rewards"])
+        kb, sb = group_signal(r["failure_state"]["rewards"])
+        if ka >= 2 and kb >= 2:
+            a.append(float(sa))
+            b.append(float(sb))
+    diff = paired_bootstrap(a, b)
+    psi = (sum(x != y for x, y in zip(a, b)) / len(a)) if a else 0.0
+    diff.update(discordance=round(psi, 4), min_detectable_80=min_detectable(psi, len(a)),
+                items_for_planned_delta={"delta": planned_delta, "n": items_needed(max(psi, 0.4), planned_delta),
+                                         "psi_assumed": max(psi, 0.4)})  # fmt: skip
+    out["difference"] = {"failure_state - task_start": diff}
+    by_cat: dict[str, dict[str, list]] = defaultdict(lambda: {"task_start": [], "failure_state": []})
+    for r in fail_rows:
+        cat = r["failure_state"].get("category") or "unknown"
+        by_cat[cat]["task_start"].append(r["task_start"]["rewards"])
+        by_cat[cat]["failure_state"].append(r["failure_state"]["rewards"])
+    out["by_category"] = {c: {arm: share_with_interval(v[arm]) for arm in ARMS} for c, v in sorted(by_cat.items())}
+    return out
+
+
+def _rewards(attempts: list[Any]) -> list[float | None]:
+    return [None if a.trajectory.outcome not in (Outcome.SUCCESS, Outcome.FAILURE) else float(a.trajectory.passed)
+            for a in attempts]  # fmt: skip
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+    """Append whole lines and fsync (a killed run leaves every finished chunk, never half a line)."""
+    with open(path, "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The finished rows of ``groups.jsonl`` (a torn last line from a kill is ignored)."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -> tuple[list[dict], list[str]]:
+    """Both arms on a few tasks: G start attempts each, then G recovery attempts from each task's first failed
+    start attempt. Returns ``(groups.jsonl rows, attempts.jsonl lines)``."""
+    from reterm.recovery.attempts import attempt_end_state, release, run_attempts
+
+    g = group_size
+    dirs = [t.path for t in tasks for _ in range(g)]
+    starts = await run_attempts(policy, dirs, keep_failed_snapshots=True, **kw)
+    rows, lines, states, snaps, owners = [], [], [], [], []
+    for i, t in enumerate(tasks):
+        group = starts[i * g : (i + 1) * g]
+        row = {"task": t.name, "family": t.family, "category": t.category,
+               "task_start": {"rewards": _rewards(group)}, "failure_state": None}  # fmt: skip
+        failed = next((a for a in group if a.failed and a.trajectory.steps), None)
+        release([a for a in group if a is not failed])
+        if failed is not None:
+            st = attempt_end_state(failed)
+            row["failure_state"] = {"state_id": st.id, "category": st.category, "from_attempt": group.index(failed)}
+            states.append(st)
+            snaps.append(failed)
+            owners.append(i)
+        rows.append(row)
+        lines += [json.dumps({"task": t.name, "arm": "task_start", **a.trajectory.model_dump(mode="json")})
+                  for a in group]  # fmt: skip
+    try:
+        if states:
+            rec_dirs = [tasks[i].path for i in owners for _ in range(g)]
+            recs = await run_attempts(policy, rec_dirs, states=[s for s in states for _ in range(g)],
+                                      snapshots=[a.snapshot for a in snaps for _ in range(g)], **kw)  # fmt: skip
+            for j, i in enumerate(owners):
+                group = recs[j * g : (j + 1) * g]
+                rows[i]["failure_state"]["rewards"] = _rewards(group)
+                lines += [json.dumps({"task": tasks[i].name, "arm": "failure_state", "state_id": states[j].id,
+                                      **a.trajectory.model_dump(mode="json")}) for a in group]  # fmt: skip
+            release(recs)
+    finally:
+        release(snaps)
+    return rows, lines
+
+
+def report(m: dict[str, Any]) -> str:
+    """``report.md``: the two arms' shares, the paired difference with its power, per category."""
+    def fmt(r: dict[str, Any] | None) -> str:
+        if not r or r.get("value") is None:
+            return "-"
+        return f"{r['value']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (n={r['n']})"
+
+    s, p = m["signal_attempt_share"], m["pass_rate"]
+    d = m["difference"]["failure_state - task_start"]
+    lines = ["# ReTerm-GRPO mechanism: learning signal from failure states vs task starts", "",
+             f"Policy `{m['settings']['model']}`, {m['n_tasks']} multi-stage drills, G = {m['settings']['group_size']}, "
+             f"temperature {m['settings']['temperature']}, {m['settings']['max_turns']} turns x "
+             f"{m['settings']['max_new_tokens']} tokens. Rates: value [95% interval] (n attempts).", "",
+             "| arm | signal_attempt_share | groups with signal | pass rate |", "|---|---|---|---|"]  # fmt: skip
+    for arm in ARMS:
+        lines.append(f"| {arm} | {fmt(s[arm])} | {s[arm]['signal_groups']}/{s[arm]['groups']} | {fmt(p[arm])} |")
+    verdict = ("the interval excludes 0" if d.get("excludes_zero") else "the interval includes 0: no difference shown")
+    lines += ["", f"Paired difference (failure_state - task_start, group has signal, over {d['n']} tasks): "
+              + ("-" if d["diff"] is None else f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+              + f"; {verdict}. Discordant tasks {d['discordance']}; smallest difference detectable with 80% power "
+              f"at this n: {d['min_detectable_80']}.", "",
+              f"Tasks without a failure state (every start attempt passed): {m['no_failure_state']}; "
+              f"infrastructure faults: {m['infra_faults']}.", "", "## By the failure state's category", "",
+              "| category | task_start | failure_state |", "|---|---|---|"]  # fmt: skip
+    for c, v in m["by_category"].items():
+        lines.append(f"| {c} | {fmt(v['task_start'])} | {fmt(v['failure_state'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(m: dict[str, Any], path: Path) -> Path | None:
+    """``signal.png``: each arm's share with its interval."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    s = m["signal_attempt_share"]
+    vals = [s[a]["value"] or 0.0 for a in ARMS]
+    errs = [[v - (s[a]["ci95"] or [v, v])[0] for a, v in zip(ARMS, vals)],
+            [(s[a]["ci95"] or [v, v])[1] - v for a, v in zip(ARMS, vals)]]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.bar(["from task start\n(standard GRPO)", "from own failure state\n(ReTerm-GRPO)"], vals, yerr=errs, capsize=6,
+           color=["#999999", "#2b7bba"])  # fmt: skip
+    ax.set_ylabel("signal_attempt_share")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Attempts in groups with reward variance (n={m['n_tasks']} tasks)", fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.mechanism", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="policy spec: hf:PATH, smollm2, ...")
+    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--tasks", type=int, default=48, help="multi-stage drills (paired items)")
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=4, help="G attempts per group in each arm")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.9, help="GRPO's sampling temperature")
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--batch", type=int, default=32, help="attempts generated together (a multiple of G is best)")
+    p.add_argument("--families", default=None, help="comma-separated stage families (default: all in-distribution)")
+    a = p.parse_args(argv)
+    if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
+        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
+        return 2
+    from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, generate_multistage
+
+    families = tuple(a.families.split(",")) if a.families else DEFAULT_STAGE_FAMILIES
+    try:
+        tasks = generate_multistage(a.output / "tasks", a.seed, a.tasks, families=families, stages=a.stages)
+    except (KeyError, ValueError) as exc:
+        print(f"eval.mechanism: {exc}", file=sys.stderr)
+        return 2
+    from reterm.policies import load_policy
+
+    t0 = time.monotonic()
+    journal = a.output / "groups.jsonl"
+    done = {r["task"] for r in read_rows(journal)}
+    todo = [t for t in tasks if t.name not in done]
+    _say(f"{len(tasks)} tasks ({len(done)} done before), G={a.group_size}, model {a.model}")
+    if todo:
+        policy = load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
+        per_chunk = max(1, a.batch // a.group_size)
+        for i in range(0, len(todo), per_chunk):
+            chunk = todo[i : i + per_chunk]
+            rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=a.max_turns,
+                                                max_consecutive_parse_errors=2))  # fmt: skip
+            _append_lines(a.output / "attempts.jsonl", lines)
+            _append_lines(journal, [json.dumps(r) for r in rows])
+            n = len(read_rows(journal))
+            _say(f"  {n}/{len(tasks)} tasks, {time.monotonic() - t0:.0f}s")
+    rows = [r for r in read_rows(journal) if r["task"] in {t.name for t in tasks}]
+    m = summarize(rows)
+    m["settings"] = {"model": a.model, "group_size": a.group_size, "temperature": a.temperature,
+                     "max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "stages": a.stages,
+                     "seed": a.seed, "families": list(families)}  # fmt: skip
+    m["wall_s"] = round(time.monotonic() - t0, 1)
+    write_json_atomic(a.output / "mechanism.json", m)
+    (a.output / "report.md").write_text(report(m))
+    plot(m, a.output / "signal.png")
+    s = m["signal_attempt_share"]
+    _say(f"signal_attempt_share: task_start {s['task_start']['value']}, failure_state {s['failure_state']['value']}; "
+         f"{a.output / 'report.md'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
