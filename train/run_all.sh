@@ -19,6 +19,10 @@
 #                  rollouts on the train tasks), snapshots of the state they left, recovery attempts from it,
 #                  the verified ones kept                                       -> RUN/data
 #   sft            SFT cold start on that dataset (TRL SFTTrainer)              -> RUN/sft
+#   mechanism      (embedded default) the ReTerm-GRPO mechanism without training: on multi-stage drills, the share
+#                  of the SFT model's attempts that sit in groups with differing rewards (a GRPO gradient), for
+#                  groups forked from its own failure states vs groups from the task's start, paired by task
+#                  (python -m eval.mechanism)                                   -> RUN/mechanism
 #   mine           (embedded default) the paper's second round: the SFT model's own failed attempts on the
 #                  train drills, recovered and verified, join the dataset (ReTerm-GRPO's seed states) -> RUN/data
 #   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from the agent's own failure
@@ -69,7 +73,7 @@ EOF
 
 # ---------------------------------------------------------------------------------- command line
 RECIPE=smollm2-135m; SIZE=default; RUN=""; FROM=""; ONLY=(); FORCE=0; CHECK=0; DRY_RUN=0
-STAGES=(setup drills data sft mine grpo grpo-standard eval cards summary)
+STAGES=(setup drills data sft mechanism mine grpo grpo-standard eval cards summary)
 while [ $# -gt 0 ]; do
   case "$1" in --recipe|--size|--run-dir|--from|--only)
     if [ $# -lt 2 ] || [[ "$2" == --* ]]; then echo "run_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
@@ -169,20 +173,24 @@ else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 # epochs and GRPO steps), plus the evaluation's sizes (eval/configs/local.yaml is sized for a careful
 # evaluation, not for this budget).
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
-DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=()
+DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
     # The embedded default is sized for about an hour on 2 idle cores, set-up included (docs/REPRODUCING.md):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole), SmolLM2's and then the SFT model's own attempts on 48 train drills each, SFT for 120
-    # optimiser steps of 2 records, 30 GRPO steps of one group of G=4 each. The evaluation is the longest part
+    # optimiser steps of 2 records, 15 GRPO steps of two groups of G=4 each (120 attempts). The evaluation is the longest part
     # (CPU generation, ~60 tokens/s for a batch): 32 + 12 held-out instances for Pass@1 and 20 + 12 injected
     # failure states for Recovery@1 per model keep it near a quarter of an hour for the four models.
     DRILL_SIZE=(--per-family 32)
     DATA_SIZE=(--own-tasks 48)
     SFT_SIZE=(--max_steps 120)
-    GRPO_SIZE=(--max_steps 30 --save_steps 10)
-    EVAL_SIZE=(--max-id 32 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 56)
+    GRPO_SIZE=(--max_steps 15 --save_steps 5)
+    # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
+    # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
+    EVAL_SIZE=(--max-id 32 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 96)
+    # the mechanism: 48 two-stage drills x (G=4 from the start + G=4 from the first failed one) = 384 attempts
+    MECH_SIZE=(--tasks 48 --group-size 4 --max-turns 8 --max-new-tokens 96)
     ;;
 esac
 case "$SIZE" in
@@ -196,6 +204,7 @@ case "$SIZE" in
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
     EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48)
+    MECH_SIZE=(--tasks 2 --group-size 2 --max-turns 3 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
@@ -245,6 +254,13 @@ fi
 WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
   --output_dir "$RUN/sft" "${SFT_SIZE[@]}"
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
+
+# 3a. the mechanism of ReTerm-GRPO measured on the SFT model, without training (summary.json: "mechanism")
+if [ "$RECIPE" = smollm2-135m ]; then
+  ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
+  stage mechanism "$RUN/mechanism" -- "$PY" -m eval.mechanism --model "hf:$ABS_RUN/sft/merged" \
+    --output "$RUN/mechanism" --seed 0 "${MECH_SIZE[@]}"
+fi
 
 # 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states)
 if [ "$RECIPE" = smollm2-135m ]; then

@@ -9,7 +9,7 @@ done, the group faces one hurdle and its rewards differ more often. These tasks 
 
 A multi-stage drill is an ordinary drill (:class:`reterm.drills.model.Drill`, written by
 :func:`reterm.drills.generate.task_files`): the stages' files, build commands, checks and hidden test files
-are merged (their names come from independent random draws, and a collision is refused), the solution is
+are merged (their names come from independent random draws; two different files at one path are refused), the solution is
 the stages' solutions in order, the first mistake is the first stage's, and the category is the first
 stage's. Its family is ``multi:<a>+<b>``. Instances are determined by ``(seed, index)`` like single drills.
 """
@@ -37,7 +37,7 @@ def compose(stages: list[Drill]) -> Drill:
     """One drill that asks for every stage in order.
 
     Raises:
-        ValueError: fewer than two stages, or two stages write the same environment file or test file.
+        ValueError: fewer than two stages, or two stages write different content to one environment or test file.
     """
     if len(stages) < 2:
         raise ValueError(f"a multi-stage drill needs at least 2 stages, got {len(stages)}")
@@ -45,7 +45,7 @@ def compose(stages: list[Drill]) -> Drill:
     test_files: dict = {}
     for d in stages:
         for path, f in d.files.items():
-            if path in files:
+            if path in files and files[path] != f:  # the same placeholder (``.keep``) in both is fine
                 raise ValueError(f"stages {d.family} and another both write {path}")
             files[path] = f
         for rel, text in d.test_files.items():

@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=96,
+                   help="tokens per turn (every drill's reference fits in 96 SmolLM2 tokens; reterm.drills.caps)")
     p.add_argument("--batch", type=int, default=32, help="attempts generated together")
     p.add_argument("--max-id", type=int, default=None,
                    help="at most N in-distribution test instances (evenly spread over the families)")
@@ -312,10 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
     injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo and state_dirs else ([], [], [])
+    unwinnable: list[str] | None = None
     try:
         for name in todo:
             _say(f"model {name} = {models[name]}")
             policy = load_policy(models[name], temperature=0.0, max_new_tokens=a.max_new_tokens, seed=0)
+            if unwinnable is None and getattr(policy, "tokenizer", None) is not None:
+                # items whose own reference does not fit the caps confound every comparison (issue 24)
+                from reterm.drills.caps import unwinnable as find_unwinnable
+
+                unwinnable = sorted({n.task for n in find_unwinnable(
+                    [*id_dirs, *ood_dirs], policy.tokenizer, max_turn_tokens=a.max_new_tokens,
+                    max_turns=a.max_turns)})  # fmt: skip
+                if unwinnable:
+                    _say(f"WARNING: {len(unwinnable)} items cannot be passed under {a.max_new_tokens} tokens x "
+                         f"{a.max_turns} turns even by their reference solution: {unwinnable[:5]}...")  # fmt: skip
             m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
                                            k_max=a.k_max))  # fmt: skip
@@ -330,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs),
                          "injected_states": len(injected[1]) if todo else None},
                "settings": {"max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "decoding": "greedy",
+                            "unwinnable_items": unwinnable,
                             "own_items": a.own_items, "k_max": a.k_max},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)
