@@ -108,3 +108,33 @@ def signal_attempt_share(groups: list[list[float | None]], *, n_boot: int = 5000
     lo, hi = boots[int(0.025 * n_boot)], boots[min(n_boot - 1, int(0.975 * n_boot))]
     return {"value": round(value, 4), "ci95": [round(lo, 4), round(hi, 4)], "n": total, "groups": len(cells),
             "signal_groups": sum(1 for _, s in cells if s)}  # fmt: skip
+
+
+POWER_Z = 7.85
+"""``(z_{0.975} + z_{0.8})^2``: the constant of the paired sample-size formula (80% power, 95% two-sided)."""
+
+
+def min_detectable(psi: float, n: int) -> float | None:
+    """Smallest paired difference detected with 80% power at 95% with ``n`` items and discordance ``psi``."""
+    if n <= 0 or psi <= 0:
+        return None
+    return round(math.sqrt(POWER_Z * psi / (n + POWER_Z)), 4)
+
+
+def items_needed(psi: float, delta: float) -> int | None:
+    """Paired items needed to detect ``delta`` (80% power, 95%) at discordance ``psi`` (None if impossible)."""
+    if delta <= 0 or psi <= delta**2:
+        return None
+    return math.ceil(POWER_Z * (psi - delta**2) / delta**2)
+
+
+def paired_power(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """The power of a paired comparison of 0/1 outcomes: ``{"discordance", "min_detectable_80"}``.
+
+    ``discordance`` (psi) is the share of items on which ``a`` and ``b`` differ; with n items, a difference
+    smaller than ``min_detectable_80`` = sqrt(7.85 psi / (n + 7.85)) is missed more than 20% of the time
+    (the normal approximation of McNemar's test; n = 7.85 (psi - delta^2) / delta^2 solved for delta).
+    """
+    n = len(a)
+    psi = sum(float(x) != float(y) for x, y in zip(a, b)) / n if n else 0.0
+    return {"discordance": round(psi, 4), "min_detectable_80": min_detectable(psi, n)}

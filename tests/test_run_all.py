@@ -25,7 +25,7 @@ import run_summary  # noqa: E402  (train/run_summary.py)
 import stages  # noqa: E402  (train/stages.py)
 
 PY = sys.executable
-STAGE_ORDER = ["setup", "drills", "data", "sft", "mine", "grpo", "grpo-standard", "eval", "cards", "summary"]
+STAGE_ORDER = ["setup", "drills", "data", "sft", "mechanism", "mine", "grpo", "grpo-standard", "eval", "cards", "summary"]
 
 
 def _run_all(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -158,7 +158,9 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "pipeline.drills" in cmds["data"] and f"--tasks {tmp_path}/d/drills" in cmds["data"]
     assert "--max_steps 120" in cmds["sft"]
     assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
-    assert "--max_steps 30" in cmds["grpo"] and "--max_steps 30" in cmds["grpo-standard"]
+    assert "--max_steps 15" in cmds["grpo"] and "--max_steps 15" in cmds["grpo-standard"]
+    assert "eval.mechanism" in cmds["mechanism"] and f"--model hf:{tmp_path}/d/sft/merged" in cmds["mechanism"]
+    assert "--tasks 48 --group-size 4" in cmds["mechanism"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
     assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 32" in cmds["eval"]
     assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
@@ -325,6 +327,12 @@ def test_reduced_chain_end_to_end(tmp_path):
         assert {"value", "ci95", "n"} <= set(entry["pass_at_1"]["drills_id"]), name
     assert summary_json["models"]["grpo-reterm"]["steps"] == 1
     assert summary_json["models"]["grpo-reterm"]["zero_variance_group_share"] is not None
+    sig = summary_json["models"]["grpo-reterm"]["signal_attempt_share"]
+    assert {"value", "ci95", "n", "groups", "signal_groups"} <= set(sig) and sig["groups"] <= 1
+    mech = summary_json["mechanism"]
+    assert mech["n_tasks"] == 2 and set(mech["signal_attempt_share"]) == {"task_start", "failure_state"}
+    assert mech["signal_attempt_share"]["task_start"]["groups"] + mech["no_failure_state"] >= 1
+    assert "failure_state - task_start" in mech["difference"]
     assert summary_json["wall_s"] > 0 and summary_json["peak_rss_gb"] > 0
     card = DatasetCard.load(run / "cards" / "dataset" / "README.md")
     assert card.data.license

@@ -286,8 +286,10 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
 
     ``summary.json`` holds, per model, ``pass_at_1`` and ``recovery_at_1`` (each ``{"drills_id",
     "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``), ``valid_tool_call_rate``, and for the two GRPO
-    runs ``zero_variance_group_share`` and ``steps``; plus the paired differences, ``wall_s`` and
-    ``peak_rss_gb`` of the run. Returns ``(markdown, data)``.
+    runs ``zero_variance_group_share``, ``signal_attempt_share`` (and by state source) and ``steps``; the paired
+    differences, each with ``min_detectable_80``; ``mechanism`` (``RUN/mechanism/mechanism.json`` of
+    :mod:`reterm.eval.mechanism`) when that stage ran; ``wall_s`` and ``peak_rss_gb`` of the run.
+    Returns ``(markdown, data)``.
     """
     run_dir = Path(run_dir)
     results = load_json(run_dir / "eval" / "results.json") or {}
@@ -310,6 +312,11 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
             if ts.get("groups"):
                 zv = round(ts.get("zero_variance_groups", 0) / ts["groups"], 3)
             steps = ts.get("steps")
+            if (run_dir / name / "rollouts").is_dir():
+                from reterm.training.grpo_outputs import signal_share_from_rollouts
+
+                sig = signal_share_from_rollouts(run_dir / name / "rollouts")
+                entry.update(signal_attempt_share=sig["all"], signal_attempt_share_by_source=sig["by_source"])
             entry.update(zero_variance_group_share=zv, steps=steps, attempts=ts.get("attempts"),
                          completion_tokens=_completion_tokens(run_dir / name, ts),
                          reward_first_last=[ts.get("first_reward"), ts.get("final_reward")])  # fmt: skip
@@ -330,8 +337,32 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
                 verdict = f"{pair.split(' - ')[0]} is {word} than {pair.split(' - ')[1]}"
             else:
                 verdict = "the interval includes 0: no difference shown"
+            mde = d.get("min_detectable_80")
             lines.append(f"- {pair}, {key}: {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
-                         f"(n={d['n']}): {verdict}")  # fmt: skip
+                         f"(n={d['n']}; smallest difference detectable with 80% power: "
+                         f"{'-' if mde is None else f'{mde:.3f}'}): {verdict}")  # fmt: skip
+    sig_rows = [(DRILL_MODELS[n], data["models"][n].get("signal_attempt_share")) for n in DRILL_MODELS
+                if data["models"].get(n, {}).get("signal_attempt_share")]  # fmt: skip
+    if sig_rows:
+        lines += ["", "## GRPO groups with a learning signal", "",
+                  "Share of each run's attempts in groups whose rewards differ (the only ones with a gradient), "
+                  "95% bootstrap interval over groups:", ""]  # fmt: skip
+        lines += [f"- {label}: {_rate_md(r)}, {r['signal_groups']}/{r['groups']} groups" for label, r in sig_rows]
+    mech = load_json(run_dir / "mechanism" / "mechanism.json")
+    if mech:
+        data["mechanism"] = {"signal_attempt_share": mech["signal_attempt_share"],
+                             "difference": mech["difference"], "pass_rate": mech.get("pass_rate"),
+                             "n_tasks": mech.get("n_tasks"), "no_failure_state": mech.get("no_failure_state"),
+                             "settings": mech.get("settings")}  # fmt: skip
+        s_, d = mech["signal_attempt_share"], mech["difference"]["failure_state - task_start"]
+        lines += ["", "## The mechanism (no training): groups from the SFT model's own failure states vs task starts",
+                  "", f"{mech.get('n_tasks')} multi-stage drills, the same G and caps in both arms "
+                  f"(`{rel_path(run_dir)}/mechanism/report.md`):", "",
+                  f"- signal_attempt_share from the task start: {_rate_md(s_['task_start'])}",
+                  f"- signal_attempt_share from the own failure state: {_rate_md(s_['failure_state'])}",
+                  "- paired difference: " + ("-" if d.get("diff") is None else
+                  f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (n={d['n']} tasks; smallest "
+                  f"difference detectable with 80% power: {d.get('min_detectable_80')})")]  # fmt: skip
     wall, peak = _stage_totals(run_dir, stage_order)
     data.update(wall_s=wall, peak_rss_gb=peak)
     lines += ["", "## Time and memory per stage", "", "| stage | wall | peak RSS |", "|---|---|---|"]

@@ -37,7 +37,7 @@ from typing import Any
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
-from reterm.stats import paired_bootstrap, rate
+from reterm.stats import paired_bootstrap, paired_power, rate
 from reterm.trajectory import Outcome, write_json_atomic
 
 PAIRS = [("sft", "base"), ("grpo-standard", "sft"), ("grpo-reterm", "sft"), ("grpo-reterm", "grpo-standard")]
@@ -195,7 +195,8 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
 
 
 def compare(out: Path, names: list[str]) -> dict[str, Any]:
-    """Paired bootstrap differences for :data:`PAIRS` over the items both models scored."""
+    """Paired bootstrap differences for :data:`PAIRS` over the items both models scored, each with its power
+    (:func:`reterm.stats.paired_power`: the smallest difference detectable with 80% power at that n)."""
     per = {n: json.loads((out / n / "per_item.json").read_text()) for n in names if (out / n / "per_item.json").exists()}
     diffs: dict[str, Any] = {}
     for model, base in PAIRS:
@@ -204,8 +205,8 @@ def compare(out: Path, names: list[str]) -> dict[str, Any]:
         for key in per[model]:
             a, b = per[base].get(key, {}), per[model][key]
             common = sorted(t for t in b if t in a and a[t] is not None and b[t] is not None)
-            diffs.setdefault(f"{model} - {base}", {})[key] = paired_bootstrap([a[t] for t in common],
-                                                                              [b[t] for t in common])
+            xa, xb = [a[t] for t in common], [b[t] for t in common]
+            diffs.setdefault(f"{model} - {base}", {})[key] = paired_bootstrap(xa, xb) | paired_power(xa, xb)
     return diffs
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import time
@@ -41,31 +40,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from reterm.stats import group_signal, paired_bootstrap, rate
+from reterm.stats import group_signal, items_needed, min_detectable, paired_bootstrap, rate
 from reterm.stats import signal_attempt_share as share_with_interval
 from reterm.trajectory import Outcome, write_json_atomic
 
 ARMS = ("task_start", "failure_state")
-POWER_Z = 7.85
-"""``(z_{0.975} + z_{0.8})^2``: the constant of the paired sample-size formula (80% power, 95% two-sided)."""
 
 
 def _say(msg: str) -> None:
     print(f"[mechanism] {msg}", flush=True)
-
-
-def min_detectable(psi: float, n: int) -> float | None:
-    """Smallest paired difference detected with 80% power at 95% with ``n`` items and discordance ``psi``."""
-    if n <= 0 or psi <= 0:
-        return None
-    return round(math.sqrt(POWER_Z * psi / (n + POWER_Z)), 4)
-
-
-def items_needed(psi: float, delta: float) -> int | None:
-    """Paired items needed to detect ``delta`` (80% power, 95%) at discordance ``psi`` (None if impossible)."""
-    if delta <= 0 or psi <= delta**2:
-        return None
-    return math.ceil(POWER_Z * (psi - delta**2) / delta**2)
 
 
 def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict[str, Any]:
@@ -232,7 +215,8 @@ def plot(m: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
+    """The command line (see the module docstring); ``policy`` replaces ``--model``'s (tests)."""
     p = argparse.ArgumentParser(prog="python -m eval.mechanism", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="policy spec: hf:PATH, smollm2, ...")
     p.add_argument("--output", required=True, type=Path)
@@ -265,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [t for t in tasks if t.name not in done]
     _say(f"{len(tasks)} tasks ({len(done)} done before), G={a.group_size}, model {a.model}")
     if todo:
-        policy = load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
+        policy = policy or load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
         per_chunk = max(1, a.batch // a.group_size)
         for i in range(0, len(todo), per_chunk):
             chunk = todo[i : i + per_chunk]
