@@ -121,3 +121,30 @@ def test_online_state_from_a_failed_attempt():
     assert state.created_step == 4
     attempt.outcome = Outcome.SANDBOX_ERROR  # infrastructure faults never become failure states
     assert online_states_from_attempt(attempt, parent, step=4) == []
+
+
+def test_pool_skips_states_that_keep_giving_equal_rewards_before_rollout():
+    """GRESO-style pre-rollout skipping (issue 24): after 2 groups with equal rewards a state is replaced by another
+    (most of the time), a group with differing rewards resets it, and the streaks survive a checkpoint."""
+    from reterm.training.failure_pool import FailurePool, PoolState
+
+    seeds = [PoolState(state_id=f"s{i}", task_id=f"t{i}", task_dir="", prompt=[{"role": "user", "content": str(i)}])
+             for i in range(4)]  # fmt: skip
+    pool = FailurePool(seeds, online_fraction=0.0, skip_equal_after=2, skip_equal_explore=0.2)
+    assert [s.state_id for s in pool.choose(["s0"] * 4, 0, 0, 4)] == ["s0"] * 4  # nothing recorded yet
+    pool.record_groups([("s0", 0, [0.0, 0.0, 0.0, 0.0])])
+    assert pool.choose(["s0"] * 4, 1, 0, 4)[0].state_id == "s0"  # one equal group is not enough
+    pool.record_groups([("s0", 0, [0.0, 0.0]), ("s0", 0, [0.0, 0.0])])  # one group split over two ranks' parts
+    assert pool.equal_streak["s0"] == 2 and pool.stale() == {"s0"}
+    chosen = [pool.choose(["s0"] * 4, step, 0, 4)[0].state_id for step in range(2, 102)]
+    skipped = sum(c != "s0" for c in chosen)
+    assert 65 <= skipped <= 95, skipped  # about 80% skipped, 20% still explored
+    assert pool.counts["skipped_equal"] == skipped
+    restored = FailurePool(seeds, online_fraction=0.0, skip_equal_after=2)
+    restored.load_state_dict(pool.state_dict())
+    assert restored.equal_streak == {"s0": 2}
+    pool.record_groups([("s0", 0, [1.0, 0.0, 0.0, 0.0])])  # the policy now sometimes passes: signal again
+    assert pool.equal_streak["s0"] == 0 and not pool.stale()
+    never = FailurePool(seeds, online_fraction=0.0, skip_equal_after=0)
+    never.record_groups([("s0", 0, [0.0, 0.0])] * 3)
+    assert all(never.choose(["s0"] * 4, k, 0, 4)[0].state_id == "s0" for k in range(20))

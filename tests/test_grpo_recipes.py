@@ -40,10 +40,11 @@ def test_cpu_recipes_parse_with_the_same_budget(name):
     assert model.use_peft
     assert args.mode == ("standard" if "standard" in name else "reterm") and args.resolved_fork_method == "snapshot"
     assert (args.num_generations, args.max_steps, args.max_turns, args.max_turn_tokens, args.max_completion_length) == (
-        4, 30, 5, 64, 384)  # fmt: skip
-    assert args.generation_batch_size == 4 and args.use_cpu and not args.bf16
-    # one attempt per micro-batch (peak memory), a whole group per optimiser step, generated together
-    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (1, 4, 4)
+        4, 15, 5, 96, 768)  # fmt: skip
+    assert args.generation_batch_size == 8 and args.use_cpu and not args.bf16
+    # one attempt per micro-batch (peak memory), two whole groups per optimiser step, generated together
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (1, 8, 8)
+    assert (args.skip_equal_after, args.skip_equal_explore) == (2, 0.2)  # the same skipping rule in both arms
 
 
 def test_command_line_overrides_any_recipe_field():

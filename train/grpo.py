@@ -168,7 +168,8 @@ def build_pool(script_args: GRPOScriptArguments, args: ReTermGRPOConfig, tokeniz
     return FailurePool(
         states, online_fraction=args.online_state_fraction if args.mode == "reterm" else 0.0,
         max_online=args.max_online_states, seed=args.seed, prompt_tokens=prompt_tokens,
-        max_prompt_tokens=args.max_state_prompt_tokens,
+        max_prompt_tokens=args.max_state_prompt_tokens, skip_equal_after=args.skip_equal_after,
+        skip_equal_explore=args.skip_equal_explore,
     )  # fmt: skip
 
 

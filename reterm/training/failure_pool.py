@@ -325,6 +325,10 @@ class FailurePool:
         prompt_tokens: optional ``state -> prompt length in tokens``; with ``max_prompt_tokens``, longer
             states are refused (counted in :attr:`counts`).
         max_prompt_tokens: see ``prompt_tokens``.
+        skip_equal_after: skip a state before rollout once its last this-many groups all had equal rewards
+            (0: never; :meth:`record_groups` keeps the streaks); it is still chosen with probability
+            ``skip_equal_explore``.
+        skip_equal_explore: see ``skip_equal_after``.
 
     Raises:
         ValueError: no seed states, or two states share an id.
@@ -339,8 +343,12 @@ class FailurePool:
         seed: int = 0,
         prompt_tokens: Callable[[PoolState], int] | None = None,
         max_prompt_tokens: int | None = None,
+        skip_equal_after: int = 0,
+        skip_equal_explore: float = 0.2,
     ) -> None:
         self.online_fraction, self.max_online, self.seed = online_fraction, max_online, seed
+        self.skip_equal_after, self.skip_equal_explore = skip_equal_after, skip_equal_explore
+        self.equal_streak: dict[str, int] = {}  # state id -> groups in a row with equal rewards
         self.prompt_tokens, self.max_prompt_tokens = prompt_tokens, max_prompt_tokens
         self.counts: Counter = Counter()
         self.seeds: list[PoolState] = [s for s in seeds if self._fits(s)]
@@ -398,20 +406,59 @@ class FailurePool:
             One state per position; all positions of a group get the same state on every rank.
         """
         out = []
+        chosen: dict[int, PoolState] = {}  # once per group: its positions share the choice (and the counts)
         for i, sid in enumerate(state_ids):
             group = (process_index * len(state_ids) + i) // group_size
-            out.append(self._choose_group(sid, step, group))
+            if group not in chosen:
+                chosen[group] = self._choose_group(sid, step, group)
+            out.append(chosen[group])
         return out
 
     def _choose_group(self, sampled_id: str, step: int, group: int) -> PoolState:
         live = [s for s in self.online if s.state_id not in self.retired]
         rng = self._rng("choose", step, group)
         if live and rng.random() < self.online_fraction:
-            return live[rng.randrange(len(live))]
-        state = self.get(sampled_id)
-        if state.state_id in self.retired:  # its environment could not be rebuilt: draw another seed
-            return self.draw(step, ("retired", group))
+            state = live[rng.randrange(len(live))]
+        else:
+            state = self.get(sampled_id)
+            if state.state_id in self.retired:  # its environment could not be rebuilt: draw another seed
+                state = self.draw(step, ("retired", group))
+        for attempt in range(8):  # skip states that keep giving equal rewards (at most 8 redraws)
+            if not self._skip(state, step, group, attempt):
+                break
+            self.counts["skipped_equal"] += 1
+            state = self.draw(step, ("skip", group, attempt), exclude=self.stale())
         return state
+
+    def stale(self) -> set[str]:
+        """Ids whose last :attr:`skip_equal_after` groups all gave equal rewards (empty when skipping is off)."""
+        if self.skip_equal_after < 1:
+            return set()
+        return {sid for sid, n in self.equal_streak.items() if n >= self.skip_equal_after}
+
+    def _skip(self, state: PoolState, step: int, group: int, attempt: int) -> bool:
+        if self.skip_equal_after < 1 or self.equal_streak.get(state.state_id, 0) < self.skip_equal_after:
+            return False
+        return self._rng("explore", step, group, attempt).random() >= self.skip_equal_explore
+
+    def record_groups(self, groups: Iterable[tuple[str, int, list[float]]],
+                      gather: Callable[[list], list] | None = None) -> None:  # fmt: skip
+        """Update each state's streak of equal-reward groups from the groups just scored.
+
+        Args:
+            groups: ``(state_id, global group index, scored rewards)`` of this process's group parts.
+            gather: e.g. accelerate's ``gather_object``; every rank calls this at the same steps, so a group
+                split across ranks is judged on all its rewards and the streaks stay identical everywhere.
+        """
+        parts = list(groups)
+        everything = gather(parts) if gather is not None else parts
+        merged: dict[tuple[str, int], list[float]] = {}
+        for sid, g, rewards in everything:
+            merged.setdefault((sid, g), []).extend(rewards)
+        for (sid, _), rewards in sorted(merged.items()):
+            if len(rewards) < 2:
+                continue
+            self.equal_streak[sid] = self.equal_streak.get(sid, 0) + 1 if len(set(rewards)) == 1 else 0
 
     def draw(self, step: int, key: Any, exclude: set[str] | None = None) -> PoolState:
         """A state drawn afresh (dynamic sampling's replacement groups): online with probability
@@ -481,7 +528,8 @@ class FailurePool:
     def state_dict(self) -> dict[str, Any]:
         """The online part of the pool and counters (JSON-able), for checkpoints."""
         return {"online": [s.to_json() for s in self.online], "pending": [s.to_json() for s in self.pending],
-                "retired": sorted(self.retired), "counts": dict(self.counts)}  # fmt: skip
+                "retired": sorted(self.retired), "counts": dict(self.counts),
+                "equal_streak": dict(sorted(self.equal_streak.items()))}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (resume)."""
@@ -493,6 +541,7 @@ class FailurePool:
             self.by_id[s.state_id] = s
         self.retired = set(state.get("retired", []))
         self.counts = Counter(state.get("counts", {}))
+        self.equal_streak = dict(state.get("equal_streak", {}))
 
     def __len__(self) -> int:
         return len(self.seeds) + len(self.online)

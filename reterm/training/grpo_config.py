@@ -82,6 +82,15 @@ class ReTermGRPOConfig(GRPOConfig):
             `dynamic_sampling_max_rounds` rounds, then skip the rest.
         dynamic_sampling_max_rounds (`int`, *optional*, defaults to `2`):
             Resampling rounds per step with `dynamic_sampling="resample"`.
+        skip_equal_after (`int`, *optional*, defaults to `0`):
+            Skip a state (or task start) **before** rolling it out once its last `skip_equal_after` groups all gave
+            equal rewards (0: never skip); a skipped state is replaced by another drawn from the pool, and is still
+            tried with probability `skip_equal_explore`, so one the policy has come to solve sometimes can return
+            (GRESO, https://huggingface.co/papers/2506.02177: skipping before rollout saves the attempts that
+            resampling after it spends). Same rule in both modes; skipped draws are counted
+            (`reterm/skipped_equal_states`).
+        skip_equal_explore (`float`, *optional*, defaults to `0.2`):
+            Probability of still rolling out a state that the rule above would skip.
         save_rollouts (`bool`, *optional*, defaults to `True`):
             Write every attempt's trajectory (JSON lines, one file per step) to `output_dir/rollouts/`.
         kv_cache (`bool`, *optional*, defaults to `True`):
@@ -119,6 +128,10 @@ class ReTermGRPOConfig(GRPOConfig):
     snapshot_cache_size: int = field(default=16, metadata={"help": "Failure-state snapshots kept for reuse."})
     dynamic_sampling: str = field(default="none", metadata={"help": "none, skip or resample zero-variance groups."})
     dynamic_sampling_max_rounds: int = field(default=2, metadata={"help": "Resampling rounds per step."})
+    skip_equal_after: int = field(
+        default=0, metadata={"help": "Skip states whose last N groups gave equal rewards before rollout (0: off)."}
+    )
+    skip_equal_explore: float = field(default=0.2, metadata={"help": "Chance to still try a skipped state."})
     save_rollouts: bool = field(default=True, metadata={"help": "Write attempts' trajectories to output_dir/rollouts."})
     kv_cache: bool = field(default=True, metadata={"help": "Transformers generation: reuse key/value states across turns."})
 
@@ -132,6 +145,9 @@ class ReTermGRPOConfig(GRPOConfig):
             raise ValueError(f"fork_method: 'snapshot' needs environment 'local' (got {self.environment!r}); use replay")
         if self.dynamic_sampling not in DYNAMIC_SAMPLING:
             raise ValueError(f"dynamic_sampling: {self.dynamic_sampling!r} is not one of {DYNAMIC_SAMPLING}")
+        if self.skip_equal_after < 0 or not 0.0 <= self.skip_equal_explore <= 1.0:
+            raise ValueError(f"skip_equal_after must be >= 0 (got {self.skip_equal_after}) and skip_equal_explore "
+                             f"in [0, 1] (got {self.skip_equal_explore})")
         if not 0.0 <= self.online_state_fraction <= 1.0:
             raise ValueError(f"online_state_fraction: {self.online_state_fraction} is not in [0, 1]")
         for name in ("max_turns", "max_turn_tokens", "pool_refresh_steps", "snapshot_cache_size"):

@@ -317,6 +317,7 @@ class ReTermGRPOTrainer(GRPOTrainer):
         self.kv_cache.clear()  # states computed with the weights before the last optimiser step
         states = self.pool.choose([x["state_id"] for x in inputs], step, self.accelerator.process_index, group_size)
         groups = self._local_groups(states, group_size)
+        self._last_groups = groups
         t0 = time.monotonic()
         try:
             results, resampled = asyncio.run(self._rollouts(groups, step))
@@ -363,6 +364,10 @@ class ReTermGRPOTrainer(GRPOTrainer):
         self._log_summary(mode, parts)
         if args.save_rollouts and mode == "train":
             self._save_rollouts(results, step)
+        if mode == "train" and args.skip_equal_after > 0:
+            self.pool.record_groups([(gr.state.state_id, g, [a.reward for a in gr.attempts if a.reward is not None])
+                                     for (_, _, g), gr in zip(self._last_groups, results) if gr.dropped is None],
+                                    gather=gather_object)  # fmt: skip
         if mode == "train" and args.mode == "reterm" and args.online_state_fraction > 0:
             for gr in results:
                 if gr.dropped is not None:
@@ -459,6 +464,7 @@ class ReTermGRPOTrainer(GRPOTrainer):
         m["reterm/online_group_share"].append(div(total["online_groups"], total["groups"]))
         m["reterm/resampled_groups"].append(float(total["resampled"]))
         m["reterm/pool_online_states"].append(float(len(self.pool.online)))
+        m["reterm/skipped_equal_states"].append(float(self.pool.counts.get("skipped_equal", 0)))
         for c, oks in sorted(cats.items()):
             m[f"reterm/recovery_rate/{c}"].append(sum(oks) / len(oks))
 
