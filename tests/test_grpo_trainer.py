@@ -92,7 +92,7 @@ def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
         num_generations=G, max_steps=2,
         max_turns=3, max_turn_tokens=64, max_completion_length=320, learning_rate=1e-3, use_cpu=True, bf16=False,
         report_to="none", logging_steps=1, save_strategy="no", task_dirs=[str(task.parent)], online_state_fraction=1.0,
-        chat_template_kwargs={"enable_thinking": False}, seed=3,
+        chat_template_kwargs={"enable_thinking": False}, seed=3, skip_equal_after=1,
     )  # fmt: skip
     pool = FailurePool([seed], online_fraction=1.0, seed=3)
     trainer = ReTermGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), args, pool, processing_class=tok,
@@ -103,6 +103,7 @@ def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
     assert args.generation_batch_size == G and args.steps_per_generation == 2
     trainer.train()
 
+    assert pool.equal_streak[seed.state_id] == 0  # its group's rewards differed: the trainer recorded it
     rounds = sorted((tmp_path / "out" / "rollouts").glob("round-*.jsonl"))
     assert len(rounds) == 2 and len(outputs) == 2
     rows = [json.loads(line) for line in rounds[0].read_text().splitlines()]
