@@ -133,6 +133,7 @@ def test_cli_writes_folders_and_table(tmp_path, capsys):
     assert meta["drill_split"] == "test_ood" and meta["drill_seed"] == 3
 
 
+@pytest.mark.slow  # every family in the sandbox, ~23 s
 def test_every_family_sound_in_the_local_sandbox(tmp_path):
     """One instance per family: oracle 1.0, null 0.0; the first mistake prints its error, leaves reward 0 and is
     labelled with the family's category."""
