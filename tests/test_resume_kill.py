@@ -1,4 +1,4 @@
-"""kill -9 and resume (issue 22, item 5): GRPO in both modes (train/grpo.py on the tiny Qwen3.5, local sandbox,
+"""kill -9 and resume (issue 22, item 5): SFT (train/sft.py on the tiny Qwen3.5), GRPO in both modes (train/grpo.py on the tiny Qwen3.5, local sandbox,
 real verifier) and the drills evaluation (reterm.eval.drills' command line, scripted policies, local sandbox).
 
 Each run is a real process killed with SIGKILL at a point where its work is half done, then started again with
@@ -48,11 +48,7 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 600) -> None:
 def _grpo_argv(recipe: Path, out: Path, max_steps: int) -> list[str]:
     """The recipe's ``--check`` command line (tiny Qwen3.5, G=2, the fixture's states), made a real run of
     ``max_steps`` steps with a checkpoint every step."""
-    spec = importlib.util.spec_from_file_location("reterm_train_grpo_resume", REPO / "train" / "grpo.py")
-    grpo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = grpo  # its dataclasses look their module up
-    spec.loader.exec_module(grpo)
-    _, _, _, argv = grpo.parse_args(["--config", str(recipe), "--check", "--output_dir", str(out)])
+    _, _, _, argv = _script_module("grpo").parse_args(["--config", str(recipe), "--check", "--output_dir", str(out)])
     argv = [a for a in argv if a != "--check"]
     return argv + ["--output_dir", str(out), "--max_steps", str(max_steps), "--save_strategy", "steps",
                    "--save_steps", "1", "--online_state_fraction", "1.0"]  # fmt: skip
@@ -93,6 +89,41 @@ def test_grpo_resumes_after_kill_9(recipe, tmp_path):
         assert before <= after | {s["state_id"] for s in final["pool"]["pending"]}, (before, after)
     # the pool's counters go on from the checkpoint's (a resume that lost them would start again from 0)
     assert all(final["pool"]["counts"].get(k, 0) >= v for k, v in saved["pool"]["counts"].items()), (saved, final)
+
+
+def _script_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"reterm_train_{name}_resume", REPO / "train" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_sft_resumes_after_kill_9(tmp_path):
+    steps = 6
+    out = tmp_path / "sft"
+    _, _, _, argv = _script_module("sft").parse_args(["--config", str(RECIPES / "sft.yaml"), "--check",
+                                                      "--output_dir", str(out)])  # fmt: skip
+    argv = [a for a in argv if a != "--check"] + ["--output_dir", str(out), "--max_steps", str(steps),
+                                                  "--save_strategy", "steps", "--save_steps", "1",
+                                                  "--save_total_limit", "100", "--eval_strategy", "no",
+                                                  "--merge_adapter", "false"]  # fmt: skip
+    cmd = [sys.executable, "train/sft.py", *argv]
+    first = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _kill_when(first, lambda: (out / "checkpoint-2" / "trainer_state.json").is_file())
+    assert not (out / "training_summary.json").exists()
+    kept = (out / "checkpoint-1" / "trainer_state.json").stat().st_mtime_ns
+    second = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log[-4000:]
+    assert (out / "checkpoint-1" / "trainer_state.json").stat().st_mtime_ns == kept  # not trained again
+    assert re.search(r"\[sft\] resuming from \S*checkpoint-\d+", log), log[-3000:]
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == steps
+    state = json.loads((out / f"checkpoint-{steps}" / "trainer_state.json").read_text())
+    logged = [e["step"] for e in state["log_history"] if "loss" in e]
+    assert logged == list(range(1, steps + 1)), logged  # every step trained once, none twice
 
 
 CHILD = '''
