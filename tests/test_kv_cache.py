@@ -34,6 +34,7 @@ def smol() -> TransformersPolicy:
     return TransformersPolicy("smollm2", temperature=0, max_new_tokens=12)
 
 
+@pytest.mark.slow  # the real SmolLM2 (module fixture ~55 s to load under load, each test 12-50 s)
 def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
     smol.kv_cache.enabled = False
     smol.kv_cache.clear()
@@ -53,6 +54,7 @@ def test_smollm2_greedy_turns_identical_with_and_without_reuse(smol):
     assert reused_tokens > 2 * fed_tokens, (reused_tokens, fed_tokens)
 
 
+@pytest.mark.slow  # the real SmolLM2 (module fixture ~55 s to load under load, each test 12-50 s)
 def test_smollm2_cache_is_bounded(smol):
     smol.kv_cache.enabled = True
     smol.kv_cache.clear()
@@ -115,6 +117,7 @@ def test_tiny_qwen_linear_attention_reuse_is_exact(tiny):
     assert cached3 == plain3 and reused3 == [[0, 0, 0]] * 3 and len(kv3) == 0
 
 
+@pytest.mark.slow  # the real SmolLM2 (module fixture ~55 s to load under load, each test 12-50 s)
 def test_smollm2_token_turns_reuse_batched(smol):
     """Token-level extension as in GRPO rollouts (no re-rendering): every prompt token but the new ones
     comes from the cache, rows batched."""
@@ -126,7 +129,8 @@ def test_smollm2_token_turns_reuse_batched(smol):
     assert all(r > 0 for row in reused[1:] for r in row)
 
 
-@pytest.mark.parametrize("model_name,rows", [("tiny-qwen3.5", 1), ("tiny-qwen3.5", 3), ("smollm2", 3)])
+@pytest.mark.parametrize("model_name,rows", [("tiny-qwen3.5", 1), ("tiny-qwen3.5", 3),
+                                             pytest.param("smollm2", 3, marks=pytest.mark.slow)])  # smollm2: ~49 s
 def test_grpo_rollout_generation_matches_trl(tmp_path, model_name, rows):
     """The GRPO trainer's cached generation gives, turn after turn, the tokens TRL's own transformers
     generation gives (greedy), from the token ids the rollout policy builds."""

@@ -143,6 +143,7 @@ def test_sft_trains_on_a_dataset_with_only_the_release_columns(tmp_path):
     assert summary["steps"] == 1 and summary["first_loss"] > 0
 
 
+@pytest.mark.slow  # data build and two evaluations, ~76 s
 def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tmp_path):
     """reterm.data.drills writes verified attempt-level records; reterm.eval.drills scores an oracle against an agent that
     submits at once, on the same items, with Wilson intervals, Recovery@k, the Fatal Attempt Rate and a paired

@@ -129,7 +129,7 @@ def model_dirs():
     return {name: resolve_model_name_or_path(name) for name in ("smollm2", "tiny-qwen3.5")}
 
 
-@pytest.mark.parametrize("model", ["smollm2", "tiny-qwen3.5"])
+@pytest.mark.parametrize("model", [pytest.param("smollm2", marks=pytest.mark.slow), "tiny-qwen3.5"])  # smollm2: ~32 s
 def test_mask_is_exactly_the_recovery_assistant_turns(model, model_dirs, records, tmp_path):
     sft = to_sft_dataset(records, {"enable_thinking": False})
     trainer, tokenizer = _trainer(model_dirs[model], sft, tmp_path)
