@@ -22,7 +22,6 @@ the only environment here that snapshots; elsewhere a state is rebuilt by replay
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
 from reterm.agent.protocol import FEEDBACK_MESSAGE
 from reterm.recovery.localise import FailureState, localise
+from reterm.recovery.state import state_id_of
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -93,8 +93,7 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]
     timeouts = [s.action.timeout for s in history if s.action is not None and s.action.tool == "bash"]
     last = history[-1]
-    sid = hashlib.sha256("\x1f".join([traj.task_id, "attempt_end", category, *commands,
-                                      *(s.model_text for s in history)]).encode()).hexdigest()[:16]
+    sid = state_id_of(traj, history)
     return FailureState(
         id=sid, task_id=traj.task_id, trajectory_id=str(traj.metadata.get("trajectory_id", "")),
         step=len(history) - 1, category=category, confidence=primary.confidence if primary else 0.5,
