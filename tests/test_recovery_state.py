@@ -55,7 +55,7 @@ def _recovery(fs) -> Trajectory:
 
 def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     from reterm.data.drills import _record
-    from reterm.training.failure_pool import PoolState, online_states_from_attempt, seed_states_from_records
+    from reterm.training.failure_pool import online_states_from_attempt, seed_states_from_records
 
     first = _failed_attempt()
     fs = attempt_end_state(Attempt(TASK_DIR, first))
