@@ -13,7 +13,8 @@ Methods (``method``, the same names everywhere):
   the typed history left processes running (a server started in the background; :func:`user_processes`)
   every environment is rebuilt by replay instead (``detail`` says so).
 - **replay** (any Harbor environment, e.g. docker or a cloud sandbox): every environment is its own fresh
-  one with the history typed in.
+  one with the history typed in (the ``n`` rebuilds run concurrently; cost grows with the history, where a
+  fork's does not: ``bench/sandbox_fork.py`` measures both through this function).
 - **auto**: snapshot when the state has one, else fork when the environment can fork, else replay.
 
 **Divergence check**: a rebuild *diverged* when a typed command's exit status or time-out differs from the
@@ -214,16 +215,20 @@ async def materialize(
                     out.environments, out.sessions, out.method = list(forks), [None] * n, "fork"
                     return out
         out.method = "replay"
-        while len(out.environments) < n and out.diverged < n:
-            try:
-                env, session = await _rebuild(make_environment, state, f"replay{len(out.environments)}",
-                                              default_timeout, stop_environment)  # fmt: skip
-            except Diverged as exc:
+        todo = n - len(out.environments)
+        tags = [f"replay{len(out.environments) + i}" for i in range(todo)]
+        made = await asyncio.gather(*(_rebuild(make_environment, state, t, default_timeout, stop_environment)
+                                      for t in tags), return_exceptions=True)  # fmt: skip
+        faults = [r for r in made if isinstance(r, BaseException) and not isinstance(r, Diverged)]
+        for r in made:
+            if isinstance(r, Diverged):
                 out.diverged += 1
-                out.detail = str(exc)
-                continue
-            out.environments.append(env)
-            out.sessions.append(session)
+                out.detail = str(r)
+            elif not isinstance(r, BaseException):
+                out.environments.append(r[0])
+                out.sessions.append(r[1])
+        if faults:
+            raise faults[0]
         return out
     except BaseException:
         await out.stop()
