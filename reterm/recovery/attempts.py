@@ -31,6 +31,7 @@ from typing import Any
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
 from reterm.agent.protocol import FEEDBACK_MESSAGE
 from reterm.recovery.localise import FailureState, localise
+from reterm.recovery.materialize import materialize
 from reterm.recovery.state import state_id_of
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
@@ -106,11 +107,11 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     )  # fmt: skip
 
 
-async def _start(task_dir: Path, snapshot: Any = None) -> Any:
+async def _start(task_dir: Path, state: FailureState | None = None, snapshot: Any = None) -> Any:
     from reterm.sandbox.local import LocalEnvironment
 
-    if snapshot is not None:
-        return (await LocalEnvironment.from_snapshot(snapshot, 1))[0]
+    if snapshot is not None:  # the state's snapshot, forked (the one rebuild: reterm.recovery.materialize)
+        return (await materialize(state, 1, None, method="snapshot", snapshot=snapshot)).environments[0]
     env = LocalEnvironment.for_task(task_dir)
     await env.start(force_build=False)
     return env
@@ -157,7 +158,8 @@ async def run_attempts(
     if len(states) != n or len(snapshots) != n:
         raise ValueError(f"run_attempts: {n} task folders but {len(states)} states and {len(snapshots)} snapshots")
     dirs = [Path(d) for d in task_dirs]
-    started = await asyncio.gather(*(_start(d, s) for d, s in zip(dirs, snapshots)), return_exceptions=True)
+    started = await asyncio.gather(*(_start(d, st, s) for d, st, s in zip(dirs, states, snapshots)),
+                             return_exceptions=True)
     live = [i for i, e in enumerate(started) if not isinstance(e, BaseException)]
     results: list[Attempt | None] = [None] * n
     for i, e in enumerate(started):
