@@ -7,8 +7,10 @@ The scripted recovery only copies the draft into place and submits, so it passes
 environment holds what the attempt left; from a fresh start of the same task it fails.
 A second state records an exit status the replay cannot reproduce: it is dropped and counted, never scored.
 
-Consumers: eval's Recovery@1 from states (:func:`reterm.eval.recovery.recover_from_states`) and the data
-stage (:func:`reterm.data.recover.run_attempts`, fork and replay). The ids the drills dataset, the GRPO pool
+Consumers: eval's Recovery@1 from states (:func:`reterm.eval.recovery.recover_from_states`), the data
+stage (:func:`reterm.data.recover.run_attempts`, fork and replay) and a GRPO group
+(:class:`reterm.training.grpo_rollout.RolloutEngine`, snapshot and replay; the fresh start is standard GRPO's
+task-start state). The ids the drills dataset, the GRPO pool
 and the drills eval give the same injected states agree (the reduced chain, on the real sandbox).
 """
 
@@ -23,6 +25,7 @@ from sandbox_support import run
 from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.recovery import localise
+from reterm.recovery.state import state_id
 from reterm.trajectory import Action, Outcome, Step, Trajectory
 
 TASKS = Path(__file__).resolve().parent / "fixtures" / "tasks"
@@ -91,6 +94,42 @@ def test_recovery_depends_on_what_the_attempt_left_and_diverged_replays_are_neve
         unit = run(run_attempts(WorkItem(lying, "", "own", "scripted", 10.0), _policy(),
                                 RecoveryConfig(attempts=2, max_turns=3, rebuild=rebuild), local, TASK))
         assert (unit["status"], unit["attempts"], unit["diverged_attempts"]) == ("diverged", [], 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fork_method", ["snapshot", "replay"])
+def test_a_grpo_group_starts_in_what_the_attempt_left(fork_method):
+    from transformers import AutoTokenizer
+
+    from reterm.policies.transformers_policy import template_messages
+    from reterm.sandbox.box import live_boxes
+    from reterm.training.failure_pool import PoolState, SnapshotCache, task_start_states
+    from reterm.training.grpo_policy import TokenTrajectoryPolicy, scripted_generate_fn
+    from reterm.training.grpo_rollout import RolloutEngine, RolloutSettings
+    from reterm.training.models import resolve_model_name_or_path
+
+    def pool_state(steps) -> PoolState:
+        traj = _trajectory(steps)
+        prompt = template_messages(traj.to_messages(upto=len(steps)))
+        return PoolState(state_id(TASK.name, prompt), TASK.name, str(TASK), prompt, "other")
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("smollm2"))
+    policy = TokenTrajectoryPolicy(tok, scripted_generate_fn(tok, lambda chain, messages: _fixer(messages)),
+                                   max_turn_tokens=48, max_completion_tokens=512)  # fmt: skip
+    left, lying = pool_state(LEFT_BEHIND), pool_state(LYING)
+    (start,) = task_start_states([TASK.name], [TASKS])
+    cache = SnapshotCache(4)
+    engine = RolloutEngine(RolloutSettings(max_turns=3, environment="local", fork_method=fork_method), cache=cache)
+    try:
+        ok, fresh, dropped = run(engine.run(policy, [(left, 2, 0), (start, 2, 1), (lying, 2, 2)]))
+    finally:
+        cache.close()
+    assert ok.dropped is None and [a.reward for a in ok.attempts] == [1.0, 1.0]
+    assert fresh.dropped is None and [a.reward for a in fresh.attempts] == [0.0, 0.0]  # nothing left behind
+    assert dropped.dropped.startswith("diverged: command 0 `test -e /app/hello.txt`")
+    assert [a.mask_reason for a in dropped.attempts] == ["dropped:diverged"] * 2
+    assert all(a.reward is None for a in dropped.attempts)
+    assert live_boxes() == []
 
 
 @pytest.mark.slow

@@ -191,6 +191,7 @@ async def _attempts_from_state(policy: Any, state: Any, task_dir: Path, attempts
     ``SANDBOX_ERROR`` trajectory (an infrastructure fault, excluded from the rates).
     """
     from reterm.agent.episode import EpisodeSpec, run_episodes
+    from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
     from reterm.recovery.materialize import materialize
     from reterm.sandbox.local import LocalEnvironment
     from reterm.trajectory import Outcome, Trajectory
@@ -201,7 +202,7 @@ async def _attempts_from_state(policy: Any, state: Any, task_dir: Path, attempts
 
     try:
         made = await materialize(state, attempts, lambda tag: LocalEnvironment.for_task(task_dir),
-                                 default_timeout=float(episode_kwargs.get("command_timeout_s") or 15.0))
+                                 default_timeout=float(episode_kwargs.get("command_timeout_s") or DEFAULT_COMMAND_TIMEOUT_S))
     except Exception as exc:  # the rebuild failed: a sandbox fault, not the agent's
         return [lost(Outcome.SANDBOX_ERROR, f"rebuilding the failure state failed: {exc}") for _ in range(attempts)]
     try:

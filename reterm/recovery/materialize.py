@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.agent.terminal import TerminalSession
 
 logger = logging.getLogger(__name__)
@@ -93,19 +94,19 @@ def can_fork(environment: Any) -> bool:
 
 async def type_history(session: TerminalSession, state: Any, default_timeout: float) -> None:
     """Type the bash commands of ``state.history`` into ``session`` with their recorded timeouts
-    (``state.replay_timeouts``; ``None`` or missing: ``default_timeout``, seconds).
+    (``state.replay_timeouts``, else each step's ``action.timeout``; ``None``: ``default_timeout``, seconds).
 
     Raises:
         Diverged: a command's exit status or time-out differs from the recorded step (message says which).
     """
     steps = [s for s in state.history if s.command]
     timeouts = list(getattr(state, "replay_timeouts", None) or [])
-    timeouts += [None] * (len(steps) - len(timeouts))
+    timeouts += [s.action.timeout if s.action else None for s in steps[len(timeouts):]]
     for i, (step, timeout) in enumerate(zip(steps, timeouts)):
         result = await session.run(step.command or "", timeout=timeout or default_timeout)
         status = None if result.timed_out else result.exit_status
         if result.timed_out != step.timed_out or status != step.exit_status:
-            raise Diverged(f"command {i} ({(step.command or '')[:60]!r}): recorded exit {step.exit_status}"
+            raise Diverged(f"command {i} `{(step.command or '')[:80]}`: recorded exit {step.exit_status}"
                            f"{' (timed out)' if step.timed_out else ''}, replay exit {status}"
                            f"{' (timed out)' if result.timed_out else ''}")  # fmt: skip
 
@@ -148,7 +149,7 @@ async def materialize(
     *,
     method: str = "auto",
     snapshot: Any = None,
-    default_timeout: float = 15.0,
+    default_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
     stop_environment: Callable[[Any], Awaitable[None]] | None = None,
 ) -> Materialized:
     """``n`` independent started environments in ``state`` (rules in the module docstring).
