@@ -127,3 +127,25 @@ def test_canonical_messages_and_bad_input():
         State(id="x", task_id="t", messages=[], category="other", source="teacher", level="attempt")
     with pytest.raises(ValueError, match="record r1: not a usable failure state"):
         State.from_record({"id": "r1", "task_id": "t"})
+
+
+def test_atomic_output_replaces_files_and_folders_only_on_success(tmp_path):
+    from reterm.io import atomic_output
+
+    f = tmp_path / "a" / "x.parquet"
+    with atomic_output(f) as tmp:
+        tmp.write_text("one")
+    assert f.read_text() == "one"
+    with pytest.raises(RuntimeError), atomic_output(f) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert f.read_text() == "one" and sorted(p.name for p in f.parent.iterdir()) == ["x.parquet"]
+    d = tmp_path / "model"
+    for text in ("old", "new"):
+        with atomic_output(d, directory=True) as tmp:
+            (tmp / "config.json").write_text(text)
+    assert (d / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a", "model"]
+    with pytest.raises(RuntimeError), atomic_output(d, directory=True) as tmp:
+        (tmp / "config.json").write_text("half")
+        raise RuntimeError("killed")
+    assert (d / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a", "model"]
