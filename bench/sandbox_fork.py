@@ -8,7 +8,8 @@ Prints, in one run:
   * median exec latency of ``true``;
   * snapshot time and the time to fork G live sandboxes from a state whose writable layer holds
     about ``--mb`` MB, made by a prefix of N commands, for each N in ``--prefixes``;
-  * the same fork done by replay (G fresh sandboxes, each re-running the N-command prefix);
+  * the same fork done by replay (G fresh sandboxes, each with the N-command prefix typed into the kit's
+    terminal: the product's rebuild, :func:`reterm.recovery.materialize.materialize` with ``method="replay"``);
   * the ratio replay / snapshot fork.
 The target: fork of 8 from a 50 MB state under 1 s, flat in the prefix length.
 ``--rootless`` measures rootless mode (``RETERM_SANDBOX_MODE=rootless``; as root it still uses cgroups,
@@ -29,8 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from reterm.recovery.materialize import materialize  # noqa: E402
 from reterm.sandbox.local import LocalEnvironment  # noqa: E402
-from reterm.sandbox.replay import replay_fork  # noqa: E402
+from reterm.trajectory import Action, Step  # noqa: E402
 
 DEFAULT_TASK = REPO / "tests" / "fixtures" / "tasks" / "hello-file"
 
@@ -62,11 +64,20 @@ async def fork_by_snapshot(task: Path, cmds: list[str], g: int) -> dict:
 
 
 async def fork_by_replay(task: Path, cmds: list[str], g: int) -> float:
+    """G environments in the state by the product's replay (:func:`reterm.recovery.materialize.materialize`,
+    ``method="replay"``: each a fresh sandbox with the prefix typed into the kit's terminal, divergence checked)."""
+
+    class _State:  # what materialize reads: the history's steps (all recorded exit 0) and their timeouts
+        id = "bench"
+        history = [Step(index=i, model_text="", action=Action(tool="bash", command=c), exit_status=0)
+                   for i, c in enumerate(cmds)]  # fmt: skip
+        replay_timeouts = [600.0] * len(cmds)
+
     t0 = time.perf_counter()
-    results = await replay_fork(lambda i: LocalEnvironment.for_task(task), cmds, g, timeout_sec=600)
+    made = await materialize(_State(), g, lambda tag: LocalEnvironment.for_task(task), method="replay")
     took = time.perf_counter() - t0
-    assert not any(r.diverged for r in results), [r.divergences for r in results]
-    await asyncio.gather(*(r.environment.stop() for r in results))
+    assert made.diverged == 0 and len(made.environments) == g, made.detail
+    await made.stop()
     return took
 
 

@@ -3,13 +3,20 @@
 Each writes a temporary file in the target's folder (so the rename stays on one file system), then
 renames it over the target with :func:`os.replace`: a reader sees the old file or the new one, never a
 part. The temporary file is removed when writing fails. Parent folders are created.
+:func:`atomic_output` is the same rule for anything a library writes to a path of its own (a parquet file,
+a model folder): write to the path it yields, and the result replaces the target only when the block ends
+without an error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +58,35 @@ def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 1, fsy
     Used by every long job so a kill never leaves a half-written file.
     """
     return write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False), fsync=fsync)
+
+
+@contextmanager
+def atomic_output(path: str | Path, *, directory: bool = False) -> Iterator[Path]:
+    """Write a file (or, with ``directory=True``, a folder) at ``path`` atomically.
+
+    Yields a temporary path in ``path``'s folder (``.<name>.<random>.tmp``; with ``directory`` an empty
+    folder made there). When the block ends without an error the temporary path replaces ``path``: a file
+    through :func:`os.replace`; a folder by moving an existing ``path`` aside, renaming the new one in and
+    then deleting the old one (a reader sees the old folder or the new one, never a part). On an error the
+    temporary path is removed and ``path`` is left as it was. Parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    if directory:
+        tmp.mkdir()
+    try:
+        yield tmp
+        if directory and path.exists():
+            old = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.old")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise

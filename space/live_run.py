@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reterm.recovery.state import state_id_of
 from reterm.trajectory import Outcome, Step, Trajectory
 
 MAX_FORKS = 8
@@ -418,6 +419,7 @@ class LiveState:
     failure_step: int | None = None
     failure_category: str | None = None
     failure_evidence: str = ""
+    failure_id: str | None = None  # reterm.recovery.state.state_id of the history the attempts continue
     forked_at_end: bool = False
     attempts: list[Trajectory] = field(default_factory=list)
     timeline: list[tuple[float, str]] = field(default_factory=list)
@@ -451,8 +453,8 @@ class LiveState:
             "error": self.error,
             "main": None if self.main is None else info(self.main, self.main.steps),
             "failure": None if self.failure_category is None else {
-                "step": self.failure_step, "category": self.failure_category, "evidence": self.failure_evidence,
-                "forked_at_end": self.forked_at_end},
+                "id": self.failure_id, "step": self.failure_step, "category": self.failure_category,
+                "evidence": self.failure_evidence, "forked_at_end": self.forked_at_end},
             "attempts": [info(t, t.steps[t.prefix_len:]) for t in self.attempts],
             "fork_s": self.fork_s,
             "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -688,10 +690,13 @@ class LiveRun:
         self.envs.remove(env)
         await self._settle(env.stop(delete=True))
 
-        failure_id = f"{st.run_id}:{st.failure_step}"
+        # the failure state's id: the one the dataset, GRPO and the eval give the same history
+        st.failure_id = state_id_of(main, history)
+        st.log(f"failure state {st.failure_id}")
+        failure_id = f"{st.run_id}:{st.failure_step}"  # one fan-out per run in the replay view
         specs = [EpisodeSpec(f, task, history=history, instruction=req.instruction,
-                             metadata={"space_run": st.run_id, "failure_state": failure_id, "attempt": k,
-                                       "failure_step": st.failure_step, "failure_category": st.failure_category,
+                             metadata={"space_run": st.run_id, "failure_state": failure_id, "state_id": st.failure_id,
+                                       "attempt": k, "failure_step": st.failure_step, "failure_category": st.failure_category,
                                        "failure_evidence": st.failure_evidence, "source_policy": self.policy.name})
                  for k, f in enumerate(forks)]  # fmt: skip
 

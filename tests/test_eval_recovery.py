@@ -55,12 +55,21 @@ def records(tmp_path) -> Path:
     return path
 
 
+def _ids(records: Path) -> dict[str, str]:
+    """record id -> the failure state's content-derived id (reterm.recovery.state.state_id)."""
+    from reterm.recovery.state import State
+
+    return {r["id"]: State.from_record(r).id for r in map(json.loads, records.read_text().splitlines())}
+
+
 def test_states_from_records(records):
     states = recovery.states_from_records(records)
-    assert [s.id for s in states] == ["in-app", "in-tmp"]
+    ids = _ids(records)
+    assert [s.id for s in states] == [ids["in-app"], ids["in-tmp"]] and len(set(ids.values())) == 2
+    assert [s.trajectory_id for s in states] == ["in-app", "in-tmp"]
     assert states[0].history_len == 3 and all(s.from_history for s in states[0].history)
     assert states[0].history[2].command == "cat hello.txt" and states[0].replay_commands[0] == "cd /app"
-    assert [s.id for s in recovery.select_states(states, 1)] == ["in-app"]  # round-robin: first category
+    assert [s.id for s in recovery.select_states(states, 1)] == [ids["in-app"]]  # round-robin: first category
 
 
 @pytest.mark.slow
@@ -71,10 +80,11 @@ def test_recovery_from_states_in_sandboxes(records, tmp_path, monkeypatch):
     rates = recovery.recover_from_states(policy, states, TASKS, out, attempts=2, max_turns=3)
     assert rates["path_permission"] | {"stderr": None} == {
         "failure_states": 1, "attempts": 2, "recovered": 2, "rate": 1.0, "stderr": None,
-        "states_recovered": 1, "state_recovery_rate": 1.0, "infra_faults": 0}
+        "states_recovered": 1, "state_recovery_rate": 1.0, "infra_faults": 0, "diverged": 0}
     assert (rates["wrong_command"]["attempts"], rates["wrong_command"]["recovered"]) == (2, 0)
-    assert sorted(p.name for p in out.glob("*.json")) == ["in-app__0.json", "in-app__1.json",
-                                                          "in-tmp__0.json", "in-tmp__1.json"]
+    ids = _ids(records)
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{ids[r]}__{i}.json" for r in ("in-app", "in-tmp")
+                                                                for i in range(2))
     # one attempt: the rebuilt sandbox itself, with the terminal session that replayed the prefix
     one = recovery.recover_from_states(policy, states, TASKS, tmp_path / "one", attempts=1, max_turns=3)
     assert (one["path_permission"]["recovered"], one["wrong_command"]["recovered"]) == (1, 0)
@@ -108,7 +118,7 @@ def test_config_wiring_with_the_oracle_policy(records, tmp_path):
     got = {c: (e["attempts"], e["recovered"]) for c, e in entries[0]["recovery_from_states"].items()}
     assert got == {"path_permission": (1, 1), "wrong_command": (1, 1)}
     assert entries[1]["recovery_from_states"] is None  # Harbor's oracle cannot start from a history
-    assert (tmp_path / "recovery_from_states" / "kit-oracle" / "in-app__0.json").is_file()
+    assert (tmp_path / "recovery_from_states" / "kit-oracle" / f"{_ids(records)['in-app']}__0.json").is_file()
     bad = cfg.model_copy(update={"recovery_from_states": cfg.recovery_from_states.model_copy(update={"models": ["h"]})})
     with pytest.raises(ValueError, match="only this kit's agent"):
         recovery.add_recovery_from_states(bad, entries)

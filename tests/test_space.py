@@ -212,6 +212,7 @@ def test_live_oracle_forks_at_the_failure_and_verifies(client, server, runs_dir)
     assert summary["status"] == "done", summary
     assert summary["main"]["commands"] == ["cat /app/missing.txt"] and summary["main"]["injected"] == [0]
     assert summary["failure"]["category"] == "path_permission" and summary["failure"]["step"] == 0
+    assert len(summary["failure"]["id"]) == 16  # reterm.recovery.state.state_id, as in the dataset, GRPO, the eval
     assert len(summary["attempts"]) == 3 and all(a["reward"] == 1.0 for a in summary["attempts"])
     assert all(a["commands"] == ['echo "Hello, world!" > /app/hello.txt'] for a in summary["attempts"])
     assert summary["fork_s"] > 0

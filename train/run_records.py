@@ -7,7 +7,6 @@ Standard library only: ``train/stages.py run`` uses it before ``.venv`` exists.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,10 +35,10 @@ def now_iso() -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    """``data`` as JSON (indent 1, a final newline) at ``path``, atomically (:func:`reterm.io.write_text_atomic`)."""
+    from reterm.io import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 def fmt_duration(seconds: float | None) -> str:

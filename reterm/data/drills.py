@@ -41,6 +41,7 @@ from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.policies.scripted import OraclePolicy
 from reterm.records import release_columns
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
+from reterm.recovery.state import state_id_of
 from reterm.trajectory import Outcome, Step, Trajectory
 
 
@@ -99,11 +100,6 @@ def _family(task_dir: Path) -> str:
     return str((load_task(task_dir).config.metadata or {}).get("family", ""))
 
 
-def _state_id(traj: Trajectory) -> str:
-    """A stable id of a failure state: the first 16 hex digits of the SHA-256 of its JSON."""
-    return hashlib.sha256(traj.model_dump_json().encode()).hexdigest()[:16]
-
-
 def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int, failed: Step | None,
             recovery_turns: int, category: str, source: str, source_policy: str, replay: list[str], state_id: str,
             family: str) -> dict[str, Any]:
@@ -119,7 +115,7 @@ def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int
         failed: the failed step whose command and output the record names, if any.
         recovery_turns: steps taken after the failure state.
         replay: the bash commands that rebuild the failure state.
-        state_id: a stable hash of the failure state (``trajectory_id``, 16 hex digits).
+        state_id: the failure state's id (:func:`reterm.recovery.state.state_id`; column ``trajectory_id``).
         family: the drill family (``[metadata] family``).
     """
     row = release_columns(traj.task_id, traj.to_messages(), train_from, target)
@@ -161,7 +157,7 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
                 failed=failed_step, recovery_turns=len(traj.steps) - traj.prefix_len, category=st.category,
                 source=source, source_policy=label or getattr(policy, "name", source),
                 replay=[s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
-                state_id=_state_id(state), family=_family(a.task_dir)))  # fmt: skip
+                state_id=st.id, family=_family(a.task_dir)))  # fmt: skip
     if source == "injected":
         entry["records"] += await _in_attempt_records([a for a, st in zip(failed, states)],
                                                       {a.task_dir: st.category for a, st in zip(failed, states)})
@@ -189,7 +185,7 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
             continue
         rows.append(_record(traj, 2, 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
                             category=categories[r.task_dir], source="injected", source_policy="first-mistake",
-                            replay=[], state_id=_state_id(traj), family=_family(r.task_dir)))  # fmt: skip
+                            replay=[], state_id=state_id_of(traj, traj.steps[:1]), family=_family(r.task_dir)))  # fmt: skip
     return rows
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from reterm.agent import environments as agent_environments
 from reterm.data.config import EnvironmentConfig
+from reterm.recovery.materialize import can_fork  # noqa: F401  (still importable here; defined with the rebuild)
 
 _TRIAL_PREFIX = "reterm-pipeline-"  # trial folders of make_environment (removed by stop_quietly)
 
@@ -52,11 +53,6 @@ def make_environment(spec: EnvironmentConfig, task_dir: str | Path, tag: str = "
     except BaseException:
         shutil.rmtree(trial_dir, ignore_errors=True)
         raise
-
-
-def can_fork(environment: Any) -> bool:
-    """True for environments with a snapshot fork (the local sandbox); others are rebuilt by replay."""
-    return callable(getattr(environment, "fork", None)) and callable(getattr(environment, "snapshot", None))
 
 
 async def stop_quietly(environment: Any) -> None:

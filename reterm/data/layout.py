@@ -12,13 +12,12 @@
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from reterm.data.dataset_stats import DatasetStats
+from reterm.io import atomic_output
 from reterm.trajectory import write_json_atomic
 
 # datasets' default max_shard_size for push_to_hub.
@@ -67,10 +66,8 @@ def write_dataset_folder(
         written[split] = []
         for i in range(n):
             path = data_dir / f"{split}-{i:05d}-of-{n:05d}.parquet"
-            fd, tmp = tempfile.mkstemp(dir=data_dir, suffix=".parquet.tmp")
-            os.close(fd)
-            ds.shard(num_shards=n, index=i, contiguous=True).to_parquet(tmp)
-            os.replace(tmp, path)
+            with atomic_output(path) as tmp:
+                ds.shard(num_shards=n, index=i, contiguous=True).to_parquet(str(tmp))
             written[split].append(path)
     missing = set(stats.splits) - set(splits)
     if missing:

@@ -1,18 +1,11 @@
 """Stages 3-4: fork N recovery attempts at each failure state, run them through the harness, verify them.
 
-Rebuilding a failure state (the environment as the failing agent left it):
-
-- **fork** (the local sandbox): a fresh :class:`reterm.sandbox.local.LocalEnvironment` of the task, the
-  prefix's commands typed into the kit's terminal (:class:`reterm.agent.terminal.TerminalSession`, so
-  ``cd``, exports, REPLs and key presses behave as they did for the agent) with their recorded timeouts,
-  then ``snapshot`` + ``fork(N)``. A fork carries files, not processes, so when the replayed prefix left
-  processes running (a server started in the background) every attempt is rebuilt by replay instead.
-- **replay** (any Harbor environment, e.g. a cloud sandbox in the 10K recipe): each attempt gets its own
-  fresh environment with the prefix typed in.
-
-A replay *diverged* when a command's exit status or time-out differs from the recorded one (a command
-that depends on time, randomness or a process that is gone): such a rebuild is dropped and counted
-(``diverged``), never used. Faults of the sandbox while rebuilding are infrastructure faults.
+Rebuilding a failure state (the environment as the failing agent left it) is
+:func:`reterm.recovery.materialize.materialize` (``recovery.rebuild``: ``auto`` | ``fork`` | ``replay``): snapshot +
+fork on the local sandbox, replay on any other Harbor environment, the divergence check (a diverged rebuild is
+dropped and counted, ``diverged``, never used) and the running-process rule (a prefix that left processes
+running is rebuilt by replay for every attempt). Faults of the sandbox while rebuilding are infrastructure
+faults.
 
 The attempts then run in lock-step through :func:`reterm.agent.episode.run_episodes` with
 ``history`` = the failure prefix, so their messages are exactly what the model sees at training and
@@ -30,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, run_episodes
-from reterm.agent.terminal import TerminalSession
 from reterm.data.config import EnvironmentConfig, RecoveryConfig
-from reterm.data.environments import can_fork, make_environment, stop_quietly
+from reterm.data.environments import make_environment, stop_quietly
 from reterm.recovery import FailureState
+from reterm.recovery.materialize import materialize
 from reterm.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -67,58 +60,10 @@ class WorkItem:
                    default_timeout=data["default_timeout"], injection=data.get("injection", ""))  # fmt: skip
 
 
-class Diverged(Exception):
-    """A replayed prefix did not reproduce the recorded exit statuses."""
-
-
-async def replay_prefix(session: TerminalSession, state: FailureState, default_timeout: float) -> None:
-    """Type the prefix's commands into ``session`` with their recorded timeouts.
-
-    Raises:
-        Diverged: a command's exit status or time-out differs from the recorded step (message says which).
-    """
-    steps = [s for s in state.history if s.command]
-    timeouts = list(state.replay_timeouts) + [None] * (len(steps) - len(state.replay_timeouts))
-    for i, (step, timeout) in enumerate(zip(steps, timeouts)):
-        result = await session.run(step.command or "", timeout=timeout or default_timeout)
-        status = None if result.timed_out else result.exit_status
-        if result.timed_out != step.timed_out or status != step.exit_status:
-            raise Diverged(f"command {i} ({(step.command or '')[:60]!r}): recorded exit {step.exit_status}"
-                           f"{' (timed out)' if step.timed_out else ''}, replay exit {status}"
-                           f"{' (timed out)' if result.timed_out else ''}")  # fmt: skip
-
-
-async def user_processes(environment: Any) -> list[str]:
-    """Processes the agent's commands left running in a local sandbox (not the sandbox's init, the
-    terminal's tmux server or its shell, nor ``exec``'d commands, which run outside any session)."""
-    r = await environment.exec("ps -eo sid=,comm=,args=", timeout_sec=30)
-    out = []
-    for line in (r.stdout or "").splitlines():
-        parts = line.split(None, 2)
-        if len(parts) < 2 or parts[0] == "0":
-            continue
-        comm, args = parts[1], parts[2] if len(parts) > 2 else ""
-        if comm.startswith("tmux") or ("--rcfile" in args and ".reterm" in args):
-            continue
-        out.append(args or comm)
-    return out
-
-
-async def _rebuild_one(spec: EnvironmentConfig, task_dir: Path, item: WorkItem, tag: str) -> tuple[Any, TerminalSession]:
-    env = make_environment(spec, task_dir, tag)
-    try:
-        await env.start(force_build=False)
-        session = await TerminalSession.start(env)
-        await replay_prefix(session, item.state, item.default_timeout)
-    except BaseException:
-        await stop_quietly(env)
-        raise
-    return env, session
-
-
 async def run_attempts(item: WorkItem, policy: Any, cfg: RecoveryConfig, spec: EnvironmentConfig,
                        task_dir: Path) -> dict[str, Any]:  # fmt: skip
-    """Rebuild ``item``'s failure state, run ``cfg.attempts`` recovery attempts from it and verify them.
+    """Rebuild ``item``'s failure state (:func:`reterm.recovery.materialize.materialize`, method
+    ``cfg.rebuild``), run ``cfg.attempts`` recovery attempts from it and verify them.
 
     Returns the unit record ``{"state_id", "status", "rebuild", "detail", "diverged_attempts",
     "attempts": [trajectory JSON...]}``; ``status`` is ``ok``, ``diverged`` (no usable rebuild) or
@@ -127,65 +72,28 @@ async def run_attempts(item: WorkItem, policy: Any, cfg: RecoveryConfig, spec: E
     n = cfg.attempts
     out: dict[str, Any] = {"state_id": item.state.id, "status": "ok", "rebuild": "", "detail": "",
                            "diverged_attempts": 0, "attempts": []}  # fmt: skip
-    envs: list[Any] = []
-    sessions: list[TerminalSession | None] = []
     try:
-        mode = cfg.rebuild
-        if mode in ("auto", "fork"):
-            try:
-                env, session = await _rebuild_one(spec, task_dir, item, "rebuild")
-            except Diverged as exc:
-                out.update(status="diverged", rebuild="fork", detail=str(exc), diverged_attempts=n)
-                return out
-            envs.append(env)
-            if not can_fork(env):
-                if mode == "fork":
-                    raise ValueError(f"recovery.rebuild 'fork': environment {spec.type!r} has no snapshot fork")
-                envs, sessions, mode = [env], [session], "replay"
-            else:
-                running = await user_processes(env)
-                if running:  # a fork would lose them: rebuild every attempt by replay
-                    out["detail"] = f"prefix left processes running ({', '.join(running[:3])}): rebuilt by replay"
-                    envs, sessions, mode = [env], [session], "replay"
-                else:
-                    await session.close()
-                    forks = await env.fork(n)
-                    await stop_quietly(env)
-                    envs, sessions, mode = forks, [None] * n, "fork"
-        if mode == "replay":
-            while len(envs) < n:
-                try:
-                    env, session = await _rebuild_one(spec, task_dir, item, f"replay{len(envs)}")
-                except Diverged as exc:
-                    out["diverged_attempts"] += 1
-                    out["detail"] = str(exc)
-                    if out["diverged_attempts"] >= n:
-                        break
-                    continue
-                envs.append(env)
-                sessions.append(session)
-            if not envs:
-                out.update(status="diverged", rebuild="replay")
-                return out
-        out["rebuild"] = mode
+        made = await materialize(item.state, n, lambda tag: make_environment(spec, task_dir, tag), method=cfg.rebuild,
+                                 default_timeout=item.default_timeout, stop_environment=stop_quietly)  # fmt: skip
     except Exception as exc:  # the sandbox failed while rebuilding: an infrastructure fault
         logger.warning("failure state %s: rebuilding failed: %s", item.state.id, exc)
         out.update(status="infra", detail=f"{type(exc).__name__}: {exc}"[:500])
-        for e in envs:
-            await stop_quietly(e)
+        return out
+    out.update(rebuild=made.method, detail=made.detail, diverged_attempts=made.diverged)
+    if not made.environments:
+        out["status"] = "diverged"
         return out
     try:
         specs = [
             EpisodeSpec(e, task_dir, history=item.state.history, session=s, instruction=item.instruction,
                         metadata={"failure_state": item.state.id, "attempt": i})  # fmt: skip
-            for i, (e, s) in enumerate(zip(envs, sessions))
+            for i, (e, s) in enumerate(zip(made.environments, made.sessions))
         ]
         trajs = await run_episodes(policy, specs, max_turns=cfg.max_turns, command_timeout_s=cfg.command_timeout,
                                    verify=True)  # fmt: skip
         out["attempts"] = [_compact(t) for t in trajs]
     finally:
-        for e in envs:
-            await stop_quietly(e)
+        await made.stop()
     return out
 
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +30,7 @@ from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
-from reterm.io import write_text_atomic
+from reterm.io import atomic_output, write_text_atomic
 from reterm.records import FEATURES, release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
@@ -112,17 +110,12 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
     from datasets import Dataset
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".parquet.tmp")
-    os.close(fd)
-    try:
-        if rows:
-            ds = Dataset.from_list(rows, features=FEATURES)
-        else:  # from_list cannot infer an empty table's columns
-            ds = Dataset.from_dict({name: [] for name in FEATURES}, features=FEATURES)
-        ds.to_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    if rows:
+        ds = Dataset.from_list(rows, features=FEATURES)
+    else:  # from_list cannot infer an empty table's columns
+        ds = Dataset.from_dict({name: [] for name in FEATURES}, features=FEATURES)
+    with atomic_output(path) as tmp:
+        ds.to_parquet(str(tmp))
     return path
 
 

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
+from reterm.io import write_text_atomic
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
+from reterm.recovery.state import State
 from reterm.stats import paired_bootstrap, paired_power, rate
 from reterm.trajectory import Outcome, write_json_atomic
 
@@ -146,8 +148,10 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
         per_item[f"recovery_at_1/{split}"] = {r.task_dir.name: float(r.trajectory.passed) for r in items}
     res["recovery_at_1_by_category"] = _per_category(
         [(s.category, r.trajectory.passed) for s, r in zip(states, recs) if _scored(r)])
-    lines += [json.dumps({"kind": "recovery_injected", "category": s.category, **r.trajectory.model_dump(mode="json")})
-              for s, r in zip(states, recs)]  # fmt: skip
+    lines += [json.dumps({"kind": "recovery_injected", "category": s.category, "state_id": s.id,
+                          **r.trajectory.model_dump(mode="json")}) for s, r in zip(states, recs)]  # fmt: skip
+    state_items = [State.from_failure_state(s, a.trajectory, "injected").eval_item(r.trajectory)
+                   for a, s, r in zip(failed, states, recs)]  # fmt: skip
     release(recs)
 
     # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
@@ -169,8 +173,11 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
                               **kw)  # fmt: skip
         release([current[i] for i in alive])
         still = []
-        for i, a in zip(alive, nxt):
-            lines.append(json.dumps({"kind": f"recovery_own_k{k}", **a.trajectory.model_dump(mode="json")}))
+        for i, st, a in zip(alive, sts, nxt):
+            lines.append(json.dumps({"kind": f"recovery_own_k{k}", "state_id": st.id,
+                                     **a.trajectory.model_dump(mode="json")}))
+            state_items.append(State.from_failure_state(st, current[i].trajectory, "own").eval_item(a.trajectory)
+                         | {"kind": f"recovery_own_k{k}"})
             current[i] = a
             if a.trajectory.passed:
                 recovered_at[i] = k
@@ -190,6 +197,8 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     res["wall_s"] = round(time.monotonic() - t0, 1)
     (folder / "attempts.jsonl").write_text("\n".join(lines) + "\n")
     write_json_atomic(folder / "per_item.json", per_item)
+    # one line per recovery attempt, keyed by the failure state's id (the dataset's trajectory_id, GRPO's state_id)
+    write_text_atomic(folder / "recovery_items.jsonl", "".join(json.dumps(i) + "\n" for i in state_items))
     write_json_atomic(folder / "metrics.json", res)
     return res
 

@@ -9,10 +9,12 @@
    and infrastructure faults add nothing.
 2. **Recovery from recorded failure states** (:func:`recover_from_states`, as in Recovery-Bench): start
    the agent from stored failure states (ReTerm-10K records, or the failure states localised in the
-   failed trials of earlier Harbor jobs), let it continue, verify. The state is rebuilt by replaying its
-   commands in a fresh local sandbox of the task (:class:`reterm.sandbox.local.LocalEnvironment`; other
-   Harbor environments are not wired here); several attempts per state fork the rebuilt sandbox
-   (:meth:`~reterm.sandbox.local.LocalEnvironment.fork`). The conversation so far is the state's history
+   failed trials of earlier Harbor jobs), let it continue, verify. The state is rebuilt by
+   :func:`reterm.recovery.materialize.materialize` on fresh local sandboxes of the task
+   (:class:`reterm.sandbox.local.LocalEnvironment`; other Harbor environments are not wired here): its
+   commands typed into the kit's terminal, with the divergence check (a diverged rebuild is dropped,
+   counted in ``diverged`` and never scored), then forked for several attempts (replayed per attempt when
+   the history left processes running). The conversation so far is the state's history
    (``run_episodes(..., history=prefix)``), so the agent sees exactly what the failing agent saw.
    Per category: ``rate = successes / attempts`` (the recovery rate of one attempt, Recovery-Bench's
    measure; :func:`reterm.recovery.metrics.attempt_recovery`), plus the share of states recovered by at
@@ -120,27 +122,30 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 def states_from_records(path: str | Path) -> list[Any]:
     """:class:`reterm.recovery.localise.FailureState` objects from ReTerm-10K records.
 
-    ``history`` = the steps of ``messages[:train_from_message_index]`` (:func:`reterm.agent.atif.from_messages`).
+    The state is :meth:`reterm.recovery.state.State.from_record` (its id is the content-derived
+    :func:`reterm.recovery.state.state_id`, the same the dataset's ``trajectory_id`` and the GRPO pool's
+    ``state_id`` give it; history ``messages[:train_from_message_index]`` for attempt-level records, the
+    steps up to ``failure_step`` for in-attempt ones); ``trajectory_id`` keeps the record's ``id``.
     Raises ``ValueError`` naming the file and record id for a record whose prefix cannot be read.
     """
-    from reterm.agent.atif import from_messages
-    from reterm.records import chat_messages
     from reterm.recovery.localise import FailureState
+    from reterm.recovery.state import State
 
     path = Path(path)
     states = []
     for i, row in enumerate(_read_records(path)):
         rid = row.get("id") or f"#{i}"
         try:
-            prefix = from_messages(chat_messages(row["messages"][: row["train_from_message_index"]]), task_id=row["task_id"])
-            history = [s.model_copy(update={"from_history": True}) for s in prefix.steps]
+            st = State.from_record({**row, "id": rid})
+            history = st.history
+            replay = list(row.get("replay_commands") or st.replay_commands)
             states.append(FailureState(
-                id=rid, task_id=row["task_id"], trajectory_id=row.get("trajectory_id") or "",
+                id=st.id, task_id=row["task_id"], trajectory_id=str(rid),
                 step=int(row.get("failure_step", len(history) - 1)), category=row["failure_category"],
                 confidence=1.0, source="record", command=row.get("failure_command") or None,
                 output=row.get("failure_output") or "", history=history, history_len=len(history),
-                replay_commands=list(row["replay_commands"]),
-                replay_timeouts=[None] * len(row["replay_commands"]),
+                replay_commands=replay, replay_timeouts=[None] * len(replay),
+                level="attempt_end" if st.level == "attempt" else "first_failing_step",
             ))  # fmt: skip
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path}: record {rid}: not a usable failure state ({exc})") from exc
@@ -177,45 +182,41 @@ def select_states(states: list[Any], max_states: int | None) -> list[Any]:
 
 async def _attempts_from_state(policy: Any, state: Any, task_dir: Path, attempts: int, max_turns: int,
                                attempt_dirs: list[Path], **episode_kwargs: Any) -> list[Any]:
-    """Rebuild ``state`` in a fresh local sandbox and run ``attempts`` recovery attempts from it.
+    """Rebuild ``state`` (:func:`reterm.recovery.materialize.materialize` on fresh local sandboxes of the task:
+    the history typed into the kit's terminal, then forked; replay per attempt when it left processes
+    running) and run ``attempts`` recovery attempts from it.
 
-    The state is rebuilt by typing its ``replay_commands`` into a terminal session of a fresh sandbox
-    of the task (the same terminal the agent used, so ``cd`` and exports carry over); with several
-    attempts the rebuilt sandbox is forked. A fault while rebuilding makes every attempt a
+    A rebuild that diverged is never run nor scored: its attempt is a ``PENDING`` trajectory (unscored) with
+    ``metadata["diverged"]`` and the reason in ``error``. A fault while rebuilding makes every attempt a
     ``SANDBOX_ERROR`` trajectory (an infrastructure fault, excluded from the rates).
     """
     from reterm.agent.episode import EpisodeSpec, run_episodes
-    from reterm.agent.terminal import TerminalSession
+    from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
+    from reterm.recovery.materialize import materialize
     from reterm.sandbox.local import LocalEnvironment
     from reterm.trajectory import Outcome, Trajectory
 
-    env = LocalEnvironment.for_task(task_dir)
-    envs: list[Any] = []
+    def lost(outcome: Outcome, error: str, **metadata: Any) -> Trajectory:
+        return Trajectory(task_id=state.task_id, instruction="", system_prompt="", outcome=outcome, error=error,
+                          metadata={"failure_state": state.id, "failure_category": state.category, **metadata})
+
     try:
-        try:
-            await env.start(force_build=False)
-            session = await TerminalSession.start(env)
-            for cmd, timeout in zip(state.replay_commands, state.replay_timeouts or [None] * len(state.replay_commands)):
-                await session.run(cmd, timeout=timeout)
-            if attempts == 1:
-                envs, specs = [env], [EpisodeSpec(env, task_dir, history=state.history, session=session)]
-            else:
-                await session.close()
-                envs = await env.fork(attempts)
-                specs = [EpisodeSpec(e, task_dir, history=state.history) for e in envs]
-        except Exception as exc:  # the rebuild failed: a sandbox fault, not the agent's
-            return [Trajectory(task_id=state.task_id, instruction="", system_prompt="", outcome=Outcome.SANDBOX_ERROR,
-                               error=f"rebuilding the failure state failed: {exc}") for _ in range(attempts)]
+        made = await materialize(state, attempts, lambda tag: LocalEnvironment.for_task(task_dir),
+                                 default_timeout=float(episode_kwargs.get("command_timeout_s") or DEFAULT_COMMAND_TIMEOUT_S))
+    except Exception as exc:  # the rebuild failed: a sandbox fault, not the agent's
+        return [lost(Outcome.SANDBOX_ERROR, f"rebuilding the failure state failed: {exc}") for _ in range(attempts)]
+    try:
+        specs = [EpisodeSpec(e, task_dir, history=state.history, session=s)
+                 for e, s in zip(made.environments, made.sessions)]  # fmt: skip
         for spec in specs:
-            spec.metadata.update(failure_state=state.id, failure_category=state.category)
-        return await run_episodes(policy, specs, max_turns=max_turns, verify=True,
-                                  trial_dirs=[str(d) for d in attempt_dirs], **episode_kwargs)
+            spec.metadata.update(failure_state=state.id, failure_category=state.category, rebuild=made.method)
+        trajs = await run_episodes(policy, specs, max_turns=max_turns, verify=True,
+                                   trial_dirs=[str(d) for d in attempt_dirs[: len(specs)]],
+                                   **episode_kwargs) if specs else []  # fmt: skip
     finally:
-        for e in {id(x): x for x in [env, *envs]}.values():
-            try:
-                await e.stop(delete=True)
-            except Exception:
-                pass
+        await made.stop()
+    return list(trajs) + [lost(Outcome.PENDING, f"rebuild diverged: {made.detail}", diverged=True)
+                          for _ in range(attempts - len(trajs))]  # fmt: skip
 
 
 def recover_from_states(policy: Any, states: list[Any], tasks_path: str | Path, out_dir: str | Path, *,
@@ -230,13 +231,18 @@ def recover_from_states(policy: Any, states: list[Any], tasks_path: str | Path, 
     attempts instead of running them again (resume).
 
     Returns ``{category: {"failure_states", "attempts", "recovered", "rate", "states_recovered",
-    "state_recovery_rate", "infra_faults"}}`` (``recovered``/``rate``: passing attempts / scored attempts;
-    categories without states are left out). Raises ``FileNotFoundError`` naming a missing task folder.
+    "state_recovery_rate", "infra_faults", "diverged"}}`` (``recovered``/``rate``: passing attempts / scored
+    attempts; ``diverged``: attempts dropped because their rebuild diverged, never scored; categories without
+    states are left out). Raises ``FileNotFoundError`` naming a missing task folder.
     """
     from tqdm import tqdm
 
     from reterm.recovery.metrics import attempt_recovery
+    from reterm.recovery.taxonomy import parse_category
     from reterm.trajectory import Trajectory
+
+    def report_category(category: str) -> str:
+        return parse_category(category).value
 
     tasks_path, out_dir = Path(tasks_path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -256,12 +262,18 @@ def recover_from_states(policy: Any, states: list[Any], tasks_path: str | Path, 
                 traj.save(f)
         pairs += [(state, t) for t in trajs]
     report = attempt_recovery(pairs)
+    diverged: dict[str, int] = {}
+    for state, t in pairs:
+        if t.metadata.get("diverged"):
+            name = report_category(state.category)
+            diverged[name] = diverged.get(name, 0) + 1
     return {
         name: {"failure_states": c.states, "attempts": c.attempts, "recovered": c.successes,
                "rate": c.success_rate, "stderr": c.stderr, "states_recovered": c.states_recovered,
-               "state_recovery_rate": c.state_recovery_rate, "infra_faults": c.infra_faults}
+               "state_recovery_rate": c.state_recovery_rate, "infra_faults": c.infra_faults,
+               "diverged": diverged.get(name, 0)}
         for name, c in report.categories.items()
-        if c.states or c.infra_faults
+        if c.states or c.infra_faults or diverged.get(name)
     }
 
 

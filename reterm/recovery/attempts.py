@@ -22,7 +22,6 @@ the only environment here that snapshots; elsewhere a state is rebuilt by replay
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ from typing import Any
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
 from reterm.agent.protocol import FEEDBACK_MESSAGE
 from reterm.recovery.localise import FailureState, localise
+from reterm.recovery.materialize import materialize
+from reterm.recovery.state import state_id_of
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -93,8 +94,7 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]
     timeouts = [s.action.timeout for s in history if s.action is not None and s.action.tool == "bash"]
     last = history[-1]
-    sid = hashlib.sha256("\x1f".join([traj.task_id, "attempt_end", category, *commands,
-                                      *(s.model_text for s in history)]).encode()).hexdigest()[:16]
+    sid = state_id_of(traj, history)
     return FailureState(
         id=sid, task_id=traj.task_id, trajectory_id=str(traj.metadata.get("trajectory_id", "")),
         step=len(history) - 1, category=category, confidence=primary.confidence if primary else 0.5,
@@ -107,11 +107,11 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     )  # fmt: skip
 
 
-async def _start(task_dir: Path, snapshot: Any = None) -> Any:
+async def _start(task_dir: Path, state: FailureState | None = None, snapshot: Any = None) -> Any:
     from reterm.sandbox.local import LocalEnvironment
 
-    if snapshot is not None:
-        return (await LocalEnvironment.from_snapshot(snapshot, 1))[0]
+    if snapshot is not None:  # the state's snapshot, forked (the one rebuild: reterm.recovery.materialize)
+        return (await materialize(state, 1, None, method="snapshot", snapshot=snapshot)).environments[0]
     env = LocalEnvironment.for_task(task_dir)
     await env.start(force_build=False)
     return env
@@ -158,7 +158,8 @@ async def run_attempts(
     if len(states) != n or len(snapshots) != n:
         raise ValueError(f"run_attempts: {n} task folders but {len(states)} states and {len(snapshots)} snapshots")
     dirs = [Path(d) for d in task_dirs]
-    started = await asyncio.gather(*(_start(d, s) for d, s in zip(dirs, snapshots)), return_exceptions=True)
+    started = await asyncio.gather(*(_start(d, st, s) for d, st, s in zip(dirs, states, snapshots)),
+                             return_exceptions=True)
     live = [i for i, e in enumerate(started) if not isinstance(e, BaseException)]
     results: list[Attempt | None] = [None] * n
     for i, e in enumerate(started):

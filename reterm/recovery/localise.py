@@ -39,8 +39,6 @@ Written for this kit: Harbor records trajectories but does not localise failures
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import re
 from typing import Iterable, Literal
 
@@ -49,6 +47,7 @@ from pydantic import BaseModel, Field
 from reterm.recovery import shell
 from reterm.recovery.classify import Classification, StepRecord, running_program
 from reterm.recovery.judge import Classifier
+from reterm.recovery.state import state_id_of
 from reterm.recovery.taxonomy import Category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -63,7 +62,8 @@ class FailureState(BaseModel):
     """A point in a trajectory where something went wrong, with what is needed to start a recovery there.
 
     Attributes:
-        id: stable content hash (task, trajectory, step, category, replay commands): dedup and resume key.
+        id: the content-derived state id (:func:`reterm.recovery.state.state_id` of the task and the
+            history's messages): dedup and resume key, the same in the dataset, GRPO and the eval.
         task_id, trajectory_id: where it came from (``trajectory_id`` from ``metadata["trajectory_id"]``
             or ``metadata["id"]``, else "").
         step: index in ``Trajectory.steps`` of the failing step (0-based).
@@ -302,11 +302,6 @@ def _undone_steps(trajectory: Trajectory, labels: list[Classification], start: i
 
 
 # ---------------------------------------------------------------------------------- localise
-def _state_id(task_id: str, trajectory_id: str, step: int, category: str, replay: list[str]) -> str:
-    blob = json.dumps([task_id, trajectory_id, step, category, replay], ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def _make_state(trajectory: Trajectory, step: int, history_len: int, category: str, label: Classification | None,
                 signals: list[str], *, confidence: float, source: str, rule: str, evidence: str) -> FailureState:
     history = trajectory.prefix(history_len)
@@ -316,7 +311,7 @@ def _make_state(trajectory: Trajectory, step: int, history_len: int, category: s
     s = trajectory.steps[step]
     verdict = trajectory.passed if trajectory.outcome in (Outcome.SUCCESS, Outcome.FAILURE) else None
     return FailureState(
-        id=_state_id(trajectory.task_id, tid, step, category, replay),
+        id=state_id_of(trajectory, history),
         task_id=trajectory.task_id,
         trajectory_id=tid,
         step=step,

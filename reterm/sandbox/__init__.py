@@ -2,7 +2,6 @@
 
 - :mod:`reterm.sandbox.local` — ``LocalEnvironment`` (the Harbor ``BaseEnvironment``; ``for_task``,
   ``snapshot``, ``fork``, ``from_snapshot``).
-- :mod:`reterm.sandbox.replay` — replay fork for any Harbor environment.
 - :mod:`reterm.sandbox.box` — one running sandbox (bubblewrap + overlayfs + cgroups).
 - :mod:`reterm.sandbox.rootless` — root or rootless mode (unprivileged user namespaces) and its checks.
 - :mod:`reterm.sandbox.build` / :mod:`reterm.sandbox.dockerfile` — the task layer from a Dockerfile.

@@ -28,8 +28,6 @@ Written for this kit: TRL samples prompts from a fixed dataset and has no notion
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.atif import from_messages
+from reterm.recovery.state import state_id
 from reterm.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,16 +71,13 @@ def excluded_task_ids() -> set[str]:
         return set()
 
 
-def _state_id(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
-
-
 @dataclass
 class PoolState:
     """One failure state (or task start), everything a group needs to start there.
 
     Attributes:
-        state_id: stable id (content hash; the record id for seed states).
+        state_id: the failure state's id (:func:`reterm.recovery.state.state_id` of the task and ``prompt``; the
+            same id the dataset record and the eval give the state); ``start:<task_id>`` for a task start.
         task_id: the task's name; ``task_dir`` its folder on this machine.
         prompt: the chat messages of the history (``[system, user(instruction), assistant, tool, ...]``,
             tool-call arguments as mappings), ending with the failing step's observation.
@@ -220,7 +216,7 @@ def seed_states_from_records(
         messages = chat_messages(record["messages"])
         k = int(record["train_from_message_index"])
         prompt = messages[:k]
-        sid = _state_id(task_id, prompt)
+        sid = state_id(task_id, prompt)
         if sid in seen:
             skipped["duplicate"] += 1
             continue
@@ -295,7 +291,7 @@ def online_states_from_attempt(
         whole = trajectory.model_copy(update={"steps": with_feedback(trajectory.steps)})
         prompt = template_messages(whole.to_messages())
         category = result.primary.category if result.primary is not None else parent.category
-        state = PoolState(state_id=_state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
+        state = PoolState(state_id=state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
                           prompt=prompt, category=category, source="online", parent_id=parent.state_id,
                           created_step=step)  # fmt: skip
         return [state] if _check_prompt(state) is None else []
@@ -306,7 +302,7 @@ def online_states_from_attempt(
         from reterm.policies.transformers_policy import template_messages
 
         prompt = template_messages(prompt)
-        state = PoolState(state_id=_state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
+        state = PoolState(state_id=state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
                           prompt=prompt, category=fs.category, source="online", parent_id=parent.state_id,
                           created_step=step)  # fmt: skip
         if _check_prompt(state) is None:

@@ -3,8 +3,7 @@
 For a batch of groups (a :class:`reterm.training.failure_pool.PoolState` and a number of attempts each):
 
 1. **Rebuild each state's environment once.** Its history's bash commands are typed again into the
-   harness's terminal (:func:`reterm.agent.episode.run_episodes` with a scripted policy, the commands'
-   own timeouts), so files *and* shell state (cwd, exported variables) are those the agent left; every
+   harness's terminal (:func:`reterm.recovery.materialize.type_history`, the commands' own timeouts), so files *and* shell state (cwd, exported variables) are those the agent left; every
    replayed exit status is compared with the recorded one and a difference is a *divergence* (the
    group is dropped and counted; the state is not used again). On the local sandbox the result is
    snapshotted and cached (:class:`reterm.training.failure_pool.SnapshotCache`); an online state
@@ -13,7 +12,8 @@ For a batch of groups (a :class:`reterm.training.failure_pool.PoolState` and a n
    shell prompt with the same cwd and variables.
 2. **Fork.** Snapshot path: ``LocalEnvironment.from_snapshot(snap, G)`` (G sandboxes with the state's
    files, started concurrently). Replay path (any Harbor environment: docker, daytona, ...): G fresh
-   environments, each replayed; a group with any diverged replay is dropped.
+   environments, each replayed (:func:`reterm.recovery.materialize.materialize`, ``method="replay"``); a
+   group with any diverged replay is dropped.
 3. **Attempts.** One :func:`reterm.agent.episode.run_episodes` call over every attempt of every group:
    one ``policy.generate`` per turn for all live attempts, their commands run concurrently, each
    episode continues the state's history (the prompt), then the task's verifier scores it. A new
@@ -38,14 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, run_episodes
+from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.policies.base import EndpointError
 from reterm.training.failure_pool import PoolState, SnapshotCache
 from reterm.training.grpo_policy import AttemptTokens, TokenTrajectoryPolicy
 from reterm.trajectory import Outcome, Step, Trajectory
 
 logger = logging.getLogger(__name__)
-
-REPLAY_TIME_BUDGET_S = 3600.0
 
 
 class StateRebuildError(RuntimeError):
@@ -129,60 +128,44 @@ def _same_messages(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return template_messages(a) == template_messages(b)
 
 
-def _replay_policy(steps: Sequence[Step]):
-    """A scripted policy that types the history's commands again, each with its recorded timeout."""
-    from reterm.policies.scripted import ScriptedPolicy, assistant_turns, bash_call
-
-    commands = [(s.command, s.action.timeout if s.action else None) for s in steps if s.command is not None]
-
-    def reply(messages: list[dict[str, Any]]) -> str:
-        k = assistant_turns(messages)
-        cmd, timeout = commands[min(k, len(commands) - 1)]
-        return bash_call(cmd, timeout)
-
-    return ScriptedPolicy(reply, name="replay"), len(commands)
-
-
-def _divergence(recorded: Sequence[Step], replayed: Sequence[Step]) -> str | None:
-    """Why a replay differs from the recorded history (``None``: it agrees). Exit statuses and timeouts
-    are compared where the record has them (outputs may legitimately differ: times, ids)."""
-    rec = [s for s in recorded if s.command is not None]
-    if len(replayed) < len(rec):
-        return f"the replay stopped after {len(replayed)} of {len(rec)} commands"
-    for k, (a, b) in enumerate(zip(rec, replayed)):
-        if a.timed_out != b.timed_out:
-            return f"command {k} `{a.command[:80]}`: timed out {b.timed_out}, recorded {a.timed_out}"
-        if a.exit_status is not None and a.exit_status != b.exit_status:
-            return f"command {k} `{a.command[:80]}`: exit status {b.exit_status}, recorded {a.exit_status}"
-    return None
-
-
 async def replay_history(env: Any, task_dir: str | Path, steps: Sequence[Step], *, restore: Any = None,
                          command_timeout_s: float | None = None) -> None:  # fmt: skip
-    """Type the bash commands of ``steps`` into a new terminal session in the started ``env``.
+    """Type the bash commands of ``steps`` into a new terminal session in the started ``env`` (the kit's one
+    typed replay and divergence check, :func:`reterm.recovery.materialize.type_history`).
 
     Args:
         env: a started Harbor environment (at the task's start, or at the state ``steps`` continue from).
-        task_dir: the task folder.
+        task_dir: the task folder (unused; kept for callers).
         steps: the history steps to redo (parse-error and submit steps are skipped).
         restore: shell state for the session (a fork of a parent state); default a fresh shell.
+        command_timeout_s: timeout of commands recorded without one (seconds; default the harness's).
 
     Raises:
         StateRebuildError: ``diverged`` when an exit status or timeout differs from the record,
             ``sandbox`` when the environment or terminal failed.
     """
-    policy, n = _replay_policy(steps)
-    if n == 0:
+    from types import SimpleNamespace
+
+    from reterm.agent.terminal import TerminalSession
+    from reterm.recovery.materialize import Diverged, type_history
+
+    if not any(s.command for s in steps):
         return
-    (traj,) = await run_episodes(
-        policy, [EpisodeSpec(env, task_dir, restore=restore)], max_turns=n, time_budget_s=REPLAY_TIME_BUDGET_S,
-        command_timeout_s=command_timeout_s, verify=False,
-    )  # fmt: skip
-    if traj.outcome.is_infra_fault:
-        raise StateRebuildError("sandbox", traj.error or traj.outcome.value)
-    why = _divergence(steps, traj.steps)
-    if why is not None:
-        raise StateRebuildError("diverged", why)
+    try:
+        session = await TerminalSession.start(env, restore=restore)
+    except Exception as exc:
+        raise StateRebuildError("sandbox", f"{type(exc).__name__}: {exc}") from exc
+    try:
+        await type_history(session, SimpleNamespace(history=list(steps)), command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S)
+    except Diverged as exc:
+        raise StateRebuildError("diverged", str(exc)) from exc
+    except Exception as exc:
+        raise StateRebuildError("sandbox", f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        try:
+            await session.close()
+        except Exception:
+            pass
 
 
 def _owner() -> dict[str, Any]:
@@ -339,23 +322,30 @@ class RolloutEngine:
             group.fork_s = time.monotonic() - t1
             return envs
 
-        # replay path: n fresh environments, each replayed; any divergence drops the group
-        envs = [self._new_environment(state.task_dir) for _ in range(n)]
+        # replay path (materialize, method replay): n fresh environments, each replayed; any divergence drops
+        # the group (its advantages need all n attempts)
+        from types import SimpleNamespace
 
-        async def one(env) -> None:
-            await env.start(force_build=False)
-            await replay_history(env, state.task_dir, state.history, command_timeout_s=self.settings.command_timeout_s)
+        from reterm.recovery.materialize import materialize
 
-        results = await asyncio.gather(*(one(e) for e in envs), return_exceptions=True)
-        group.fork_s = time.monotonic() - t0
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await asyncio.gather(*(self._stop(e) for e in envs))
-            first = next((e for e in errors if isinstance(e, StateRebuildError) and e.kind == "diverged"), errors[0])
-            kind = first.kind if isinstance(first, StateRebuildError) else "sandbox"
-            group.dropped = f"{kind}: {first}"
+        try:
+            made = await materialize(SimpleNamespace(id=state.state_id, history=state.history), n,
+                                     lambda tag: self._new_environment(state.task_dir), method="replay",
+                                     default_timeout=self.settings.command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S,
+                                     stop_environment=self._stop)  # fmt: skip
+        except Exception as exc:
+            group.fork_s = time.monotonic() - t0
+            group.dropped = f"sandbox: {type(exc).__name__}: {exc}"
             return []
-        return envs
+        group.fork_s = time.monotonic() - t0
+        if made.diverged:
+            await made.stop()
+            group.dropped = f"diverged: {made.detail}"
+            return []
+        for s in made.sessions:  # the attempts open their own terminal (the shell state is restored from the hook)
+            if s is not None:
+                await s.close()
+        return made.environments
 
     # ------------------------------------------------------------------------------- groups
     async def run(self, policy: TokenTrajectoryPolicy, groups: Sequence[tuple[PoolState, int, int]]) -> list[GroupRollout]:

@@ -17,9 +17,9 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from reterm.io import atomic_output
 from reterm.training.models import causal_lm_class, resolve_model_name_or_path
 
 RUN_FILES = ("training_summary.json", "curves.csv", "curves.png", "recipe.yaml", "versions.json", "command.json")
@@ -74,26 +74,13 @@ def merge_adapter(
     tok_src = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else Path(base)
     tokenizer = AutoTokenizer.from_pretrained(tok_src)
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    with atomic_output(output_dir, directory=True) as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name in RUN_FILES:
             if (adapter_dir / name).is_file():
                 shutil.copyfile(adapter_dir / name, tmp / name)
         tmp.chmod(0o755)
-        old = None
-        if output_dir.exists():
-            old = output_dir.with_name(f".{output_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            output_dir.rename(old)
-        tmp.rename(output_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return output_dir
 
 

@@ -1,0 +1,151 @@
+"""One failure-state id (reterm.recovery.state): the same state gets the same id through every conversion.
+
+One failed attempt is built once; its id is read back from the localiser, the attempt-level protocol
+(``attempt_end_state``, what the data stage and the eval use), the dataset record the drills builder
+writes, the GRPO pool's seed row read from that record, the GRPO online state of a later failed attempt
+(against ``attempt_end_state`` of the same attempt), and the eval item.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reterm.agent.protocol import initial_messages
+from reterm.policies.scripted import bash_call
+from reterm.recovery.attempts import Attempt, attempt_end_state
+from reterm.recovery.localise import localise
+from reterm.recovery.state import State, canonical_messages, state_id, state_id_of
+from reterm.trajectory import Action, Step, Trajectory
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TASK_DIR = FIXTURES / "tasks" / "hello-file"
+SYSTEM = initial_messages("")[0]["content"]
+
+
+def _bash(i: int, cmd: str, out: str, status: int, **kw) -> Step:
+    return Step(index=i, model_text=bash_call(cmd), action=Action(tool="bash", command=cmd),
+                observation=f"{out}\n[exit status: {status}]", exit_status=status, **kw)  # fmt: skip
+
+
+def _submit(i: int) -> Step:
+    return Step(index=i, model_text='{"name": "submit", "arguments": {}}', action=Action(tool="submit"))
+
+
+def _failed_attempt() -> Trajectory:
+    t = Trajectory(task_id="hello-file", instruction="Create /app/out/hello.txt containing hello.",
+                   system_prompt=SYSTEM, policy="first-mistake",
+                   steps=[_bash(0, "echo hello > /app/out/hello.txt",
+                                "bash: /app/out/hello.txt: No such file or directory", 1, generation_s=0.3),
+                          _submit(1)])  # fmt: skip
+    t.set_reward(0.0)
+    return t
+
+
+def _recovery(fs) -> Trajectory:
+    first = _failed_attempt()
+    rec = Trajectory(task_id="hello-file", instruction=first.instruction, system_prompt=SYSTEM, policy="oracle",
+                     steps=[*fs.history, _bash(2, "mkdir -p /app/out && echo hello > /app/out/hello.txt", "", 0),
+                            _submit(3)], prefix_len=len(fs.history))  # fmt: skip
+    rec.set_reward(1.0)
+    return rec
+
+
+def test_one_state_has_one_id_in_dataset_grpo_and_eval():
+    from reterm.data.drills import _record
+    from reterm.training.failure_pool import online_states_from_attempt, seed_states_from_records
+
+    first = _failed_attempt()
+    fs = attempt_end_state(Attempt(TASK_DIR, first))
+    assert fs.level == "attempt_end" and len(fs.id) == 16
+    # content-derived: timings and tool-call ids do not change it; the history does
+    again = _failed_attempt()
+    again.steps[0].generation_s = 9.0
+    assert attempt_end_state(Attempt(TASK_DIR, again)).id == fs.id
+    other = _failed_attempt()
+    other.steps[0] = _bash(0, "echo hi > /app/out/hello.txt", "bash: /app/out/hello.txt: No such file or directory", 1)
+    assert attempt_end_state(Attempt(TASK_DIR, other)).id != fs.id
+
+    # dataset record (what reterm.data.drills writes) -> State.from_record
+    rec = _recovery(fs)
+    k = len(rec.to_messages(upto=rec.prefix_len))
+    record = _record(rec, k, 2, failure_step=1, failed=first.steps[0], recovery_turns=2, category=fs.category,
+                     source="injected", source_policy="first-mistake", replay=fs.replay_commands, state_id=fs.id,
+                     family="")  # fmt: skip
+    record = json.loads(json.dumps(record))  # as stored (arguments are JSON strings)
+    from_record = State.from_record(record)
+    assert record["trajectory_id"] == from_record.id == fs.id
+    assert from_record.level == "attempt" and from_record.source == "injected"
+    assert from_record.record_columns()["trajectory_id"] == fs.id
+
+    # GRPO pool: the seed row read from that record, then an online state from a later failed attempt
+    (seed,), skipped = seed_states_from_records([record], [FIXTURES / "tasks"], exclude=set())
+    assert not skipped and seed.state_id == fs.id and seed.row()["state_id"] == from_record.pool_row()["state_id"]
+    second = Trajectory(task_id="hello-file", instruction=first.instruction, system_prompt=SYSTEM,
+                        steps=[*fs.history, _bash(2, "ls /app/out", "ls: cannot access '/app/out': No such file or "
+                                                  "directory", 2), _submit(3)], prefix_len=len(fs.history))  # fmt: skip
+    second.set_reward(0.0)
+    (online,) = online_states_from_attempt(second, seed, step=1)
+    assert online.state_id == attempt_end_state(Attempt(TASK_DIR, second)).id != fs.id
+    assert online.state_id == state_id(online.task_id, online.prompt)
+
+    # eval: the item of a recovery attempt from the state
+    st = State.from_failure_state(fs, first, source="injected")
+    assert st.id == fs.id and st.eval_item(rec) | {"state_id": fs.id} == st.eval_item(rec)
+    assert st.eval_item(rec)["passed"] is True
+
+    # in-attempt: the localiser's state and the step-level record agree
+    whole = Trajectory(task_id="hello-file", instruction=first.instruction, system_prompt=SYSTEM,
+                       steps=[first.steps[0], _bash(1, "mkdir -p /app/out && echo hello > /app/out/hello.txt", "", 0),
+                              _submit(2)])  # fmt: skip
+    whole.set_reward(1.0)
+    failing = _failed_attempt()
+    failing.steps = failing.steps[:1]
+    failing.set_reward(0.0)
+    primary = localise(failing).primary
+    row = _record(whole, 2, 1, failure_step=0, failed=whole.steps[0], recovery_turns=2, category=primary.category,
+                  source="injected", source_policy="first-mistake", replay=[],
+                  state_id=state_id_of(whole, whole.steps[:1]), family="")  # fmt: skip
+    assert primary.id == row["trajectory_id"] == State.from_record(json.loads(json.dumps(row))).id
+    assert State.from_failure_state(primary, failing, source="own").level == "in_attempt"
+
+
+def test_canonical_messages_and_bad_input():
+    a = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
+         {"role": "tool", "tool_call_id": "call_0", "name": "bash", "content": "x"}]
+    b = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_7", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
+         {"role": "tool", "content": [{"type": "text", "text": "x"}]}]
+    assert canonical_messages(a) == canonical_messages(b) and state_id("t", a) == state_id("t", b)
+    assert state_id("t", a) != state_id("u", a)
+    with pytest.raises(ValueError, match="message 0.*not JSON"):
+        canonical_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "bash", "arguments": "{"}}]}])
+    with pytest.raises(ValueError, match="source 'teacher'"):
+        State(id="x", task_id="t", messages=[], category="other", source="teacher", level="attempt")
+    with pytest.raises(ValueError, match="record r1: not a usable failure state"):
+        State.from_record({"id": "r1", "task_id": "t"})
+
+
+def test_atomic_output_replaces_files_and_folders_only_on_success(tmp_path):
+    from reterm.io import atomic_output
+
+    f = tmp_path / "a" / "x.parquet"
+    with atomic_output(f) as tmp:
+        tmp.write_text("one")
+    assert f.read_text() == "one"
+    with pytest.raises(RuntimeError), atomic_output(f) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert f.read_text() == "one" and sorted(p.name for p in f.parent.iterdir()) == ["x.parquet"]
+    d = tmp_path / "model"
+    for text in ("old", "new"):
+        with atomic_output(d, directory=True) as tmp:
+            (tmp / "config.json").write_text(text)
+    assert (d / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a", "model"]
+    with pytest.raises(RuntimeError), atomic_output(d, directory=True) as tmp:
+        (tmp / "config.json").write_text("half")
+        raise RuntimeError("killed")
+    assert (d / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a", "model"]
