@@ -157,13 +157,14 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     assert list(ds.column_names)[:6] == list(RELEASE_COLUMNS)
     assert all(r["failure_source"] == "injected" for r in ds)
     kinds = {r["target_attempt_index"] for r in ds}
-    assert kinds == {1, 2}  # the release's attempt-level records and whole in-attempt recoveries
+    assert kinds == {1, 2}  # the release's attempt-level records and in-attempt recoveries
     for r in ds:
         k = r["train_from_message_index"]
         if r["target_attempt_index"] == 2:
             assert r["messages"][k - 1]["content"] == FEEDBACK_MESSAGE
         else:
-            assert k == 2 and r["messages"][3]["role"] == "tool"  # the mistake's error is read, then fixed
+            # the mistake (step 0) and its error are context; training starts at the first recovery turn
+            assert k == 4 and r["messages"][3]["role"] == "tool" and r["failure_step"] == 0
     assert stats["filters"]["kept"] == sum(stats["splits"].values()) >= 5
 
     splits = read_splits(drills)

@@ -48,26 +48,32 @@ COLUMN_DOCS: dict[str, str] = {
     "instruction": "the task instruction given to the agent",
     "messages": "the whole conversation: system, user instruction, assistant tool calls, tool observations",
     "tools": "JSON of the tool schemas the conversation used (`bash`, `submit`)",
-    "train_from_message_index": "index in `messages` of the first assistant message trained on (the recovery's first)",
+    "train_from_message_index": "index in `messages` of the first assistant message trained on: the recovery's first "
+                                "turn, after the mistake and its observation (and, for attempt-level records, after "
+                                "the feedback message); everything before it is context",
     "target_attempt_index": "the attempt trained on: 2 = a second attempt in the state a failed first attempt left "
                             "(the release's protocol), 1 = a recovery inside the same attempt",
     "trajectory_sha256": "SHA-256 of `messages` as canonical JSON (docs/PROTOCOL.md)",
     "prompt_version": "version of the kit's system prompt and tool schema the conversation used",
     "family": "the recovery drill's family, for drill tasks; else empty",
-    "failure_step": "index (0-based) of the failing step among the agent's steps",
+    "failure_step": "index (0-based) among the assistant turns of the step the record marks as the mistake: the "
+                    "failing step (`target_attempt_index` 1) or the last step of the failed first attempt (2); "
+                    "never trained on",
     "failure_category": "error category of the failing step (ReTerm taxonomy id)",
     "failure_source": "`own` (the policy's own failure) or `injected` (a perturbed prefix)",
     "injection": "what was perturbed, for injected failures; else empty",
     "failure_command": "the failing step's command",
     "failure_output": "the failing step's observation, truncated as the model saw it",
-    "replay_commands": "bash commands of the prefix, to rebuild the failure state by replay",
+    "replay_commands": "bash commands of the prefix, to rebuild the failure state by replay (empty when the "
+                       "recovery continues the same attempt)",
     "verifier_reward": "the task verifier's reward for the recovery (1.0 = pass)",
     "attempts": "recovery attempts forked from this failure state",
     "successful_attempts": "attempts the verifier accepted",
     "recovery_turns": "assistant turns in the recovery",
-    "source_policy": "the policy whose rollout failed",
+    "source_policy": "the policy whose attempt failed (`first-mistake`: the scripted policy that types a drill's "
+                     "first mistake)",
     "teacher": "the policy that wrote the kept recovery",
-    "trajectory_id": "id of the rollout the failure state came from",
+    "trajectory_id": "id of the failure state the recovery started from (records from one state share it)",
 }
 
 

@@ -11,8 +11,9 @@ Failure states come from two sources, both on the drills' ``train`` split (``DRI
 
 From each injected failure state there are two records: the release's kind (``target_attempt_index = 2``:
 the failed attempt, the feedback, then the second attempt) and a step-level one (``target_attempt_index = 1``:
-one attempt that makes the mistake, reads its error and recovers, trained whole; see
-:func:`_in_attempt_records`). From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
+one attempt that makes the mistake, reads its error and recovers; trained from the first recovery turn, so the
+mistake and its error are context only; see :func:`_in_attempt_records`). No record's trained turns contain
+the turn the record marks as its mistake (``failure_step``). From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
 recovery commands, after the policy's own attempt the reference solution, typed from the state the failed
 attempt left behind) makes a recovery attempt after the feedback message; the task's
 verifier keeps the ones that pass. Records carry the release's six columns first
@@ -39,7 +40,7 @@ from typing import Any
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.policies.scripted import OraclePolicy
-from reterm.records import release_columns
+from reterm.records import release_columns, trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -133,6 +134,9 @@ def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int
         "successful_attempts": 1, "recovery_turns": recovery_turns, "source_policy": source_policy,
         "teacher": traj.policy, "trajectory_id": state_id, "prompt_version": PROMPT_VERSION, "family": family,
     })  # fmt: skip
+    if trains_on_mistake(row):
+        raise ValueError(f"record {row['id']}: train_from_message_index={train_from} would train on the mistake "
+                         f"(failure_step={failure_step})")
     return row
 
 
@@ -168,13 +172,27 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
     return entry
 
 
+def recovery_start(traj: Trajectory, failure_step: int = 0) -> int:
+    """``train_from_message_index`` of a step-level record: the index in ``traj.to_messages()`` of the first
+    message of step ``failure_step + 1`` (the first recovery turn), i.e. after the mistake's call and its
+    observation.
+
+    Raises:
+        ValueError: naming the task when no step follows ``failure_step``.
+    """
+    if len(traj.steps) <= failure_step + 1:
+        raise ValueError(f"trajectory of task {traj.task_id}: no step after failure_step={failure_step}")
+    return len(traj.to_messages(upto=failure_step + 1))
+
+
 async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]) -> list[dict[str, Any]]:
     """Step-level records (``target_attempt_index = 1``): one attempt that makes the drill's first mistake, reads
     its error and recovers in the same attempt (the mistake, then the verified recovery commands, then submit).
 
-    The whole attempt is trained on (``train_from_message_index`` = its first assistant message): it teaches a
-    model that has never called a tool the first move of an attempt as well as the recovery; the mistake's
-    observation is context. Only attempts the verifier passes are kept.
+    Training starts at the first recovery turn (``train_from_message_index`` = the assistant message of step 1,
+    after the mistake's call and its observation): the mistake (``failure_step`` 0) and its error are the
+    prompt, never a target, so a model trained on the record learns to read the error and fix it, not to make
+    the mistake. Only attempts the verifier passes are kept.
     """
     dirs = [a.task_dir for a in failed]
     if not dirs:
@@ -185,9 +203,9 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
     rows = []
     for a, r in zip(failed, runs):
         traj = r.trajectory
-        if traj.outcome is not Outcome.SUCCESS:
+        if traj.outcome is not Outcome.SUCCESS or len(traj.steps) < 2:
             continue
-        rows.append(_record(traj, 2, 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
+        rows.append(_record(traj, recovery_start(traj), 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
                             category=categories[r.task_dir], source="injected", source_policy="first-mistake",
                             replay=[], state_id=_state_id(traj), family=_family(r.task_dir)))  # fmt: skip
     return rows
