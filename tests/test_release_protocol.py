@@ -205,13 +205,16 @@ def test_grpo_pool_takes_attempt_level_records_and_grows_attempt_level_online_st
     from datasets import load_dataset
 
     from reterm.data.drills import build
-    from reterm.training.failure_pool import online_states_from_attempt, seed_states_from_records
+    from reterm.training.failure_pool import _attempt_level, online_states_from_attempt, seed_states_from_records
 
     build(drills, tmp_path / "data", policies=[], max_turns=2, batch=8, held_out=0.0)
     records = load_dataset(str(tmp_path / "data"), split="train")
     states, skipped = seed_states_from_records(records, [drills])
     attempt_level = sum(r["target_attempt_index"] == 2 for r in records)
-    assert len(states) == attempt_level and skipped == {"no_failing_step": len(records) - attempt_level}
+    # step-level records (target 1) are step-level states: the prompt ends with the mistake's observation
+    assert sum(_attempt_level(st) for st in states) == attempt_level and not skipped
+    assert len(states) == len(records) and all(st.prompt[-1]["role"] in ("tool", "user") for st in states)
+    states = [st for st in states if _attempt_level(st)]
     parent = states[0]
     assert parent.prompt[-1]["content"] == FEEDBACK_MESSAGE
     wrong = [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_9", "type": "function", "function": {
