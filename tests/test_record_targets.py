@@ -15,6 +15,7 @@ import pytest
 
 from reterm.records import mistake_message_indices, trains_on_mistake
 
+
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     from reterm.data.drills import build

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from reterm.generation import MAX_TURN_TOKENS, TEMPERATURE, TOP_P
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
 from reterm.policies.sampling import SamplingParams
 
@@ -382,9 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--max-context", type=int, help="context length in tokens (default: the model's)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="default max tokens per reply (default 1024)")
-    p.add_argument("--temperature", type=float, default=0.7, help="default temperature (default 0.7)")
-    p.add_argument("--top-p", type=float, default=0.95, help="default top_p (default 0.95)")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
+                   help=f"default max tokens per reply (default {MAX_TURN_TOKENS}: reterm.generation, the evaluation's)")
+    p.add_argument("--temperature", type=float, default=TEMPERATURE,
+                   help=f"default temperature (default {TEMPERATURE:g}: greedy, as the evaluation)")
+    p.add_argument("--top-p", type=float, default=TOP_P, help=f"default top_p (default {TOP_P})")
     p.add_argument("--enable-thinking", choices=["true", "false"], help="chat template's enable_thinking (Qwen3.5)")
     p.add_argument("--max-batch", type=int, default=16, help="most conversations per generate call (default 16)")
     p.add_argument("--batch-wait-ms", type=float, default=10.0, help="wait for more requests before a batch (ms)")
