@@ -88,8 +88,21 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+NOT_A_CATEGORY = {
+    "parse_errors_only": "the attempt made no valid tool call (parse errors only); not an error category",
+    "unlocalised": "no failing command shows an error category (the attempt's commands succeeded)",
+}
+"""Labels a record may carry instead of an error category (:data:`reterm.data.drills.NOT_CATEGORIES`): the card
+counts them apart from the taxonomy's categories."""
+
+
 def _category_label(cat: str) -> str:
     return cat.replace("_", " ")
+
+
+def _is_category(cat: str) -> bool:
+    """Whether ``cat`` is an error category of the taxonomy (anything else is counted apart)."""
+    return cat not in NOT_A_CATEGORY
 
 
 def _category_definitions(categories: list[str]) -> dict[str, str]:
@@ -309,7 +322,7 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
     card_data = card_metadata(stats, rows, sizes)
 
     total = stats.records
-    cat_names = sorted(stats.categories, key=lambda c: (-stats.categories[c].records, c))
+    cat_names = sorted(stats.categories, key=lambda c: (not _is_category(c), -stats.categories[c].records, c))
     definitions = _category_definitions(cat_names)
     category_rows = [
         {
@@ -321,7 +334,8 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
             "attempts": s.attempts,
             "successful": s.successful_attempts,
             "rate": _pct(s.recovery_rate),
-            "definition": _cell(definitions.get(c, ""), 200),
+            "definition": _cell(definitions.get(c, NOT_A_CATEGORY.get(c, "")), 200),
+            "apart": not _is_category(c),
         }
         for c, s in ((c, stats.categories[c]) for c in cat_names)
     ]

@@ -95,6 +95,39 @@ def mistake_policy(dirs: list[Path]) -> OraclePolicy:
     return OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
 
 
+PARSE_ERRORS_ONLY = "parse_errors_only"
+"""The label of a failed attempt without a single valid tool call: not an error category (docs/ERROR_TAXONOMY.md:
+parse errors are not failure states), so such records are counted apart from the categories."""
+
+UNLOCALISED = "unlocalised"
+"""The label of a failed attempt whose commands show no error the localiser recognises (e.g. it ran commands that
+succeeded, then submitted a wrong result): no category is claimed without a failing command to show it."""
+
+NOT_CATEGORIES = (PARSE_ERRORS_ONLY, UNLOCALISED)
+
+
+def evidence_label(attempt: Attempt, category: str, located: bool, source: str) -> str:
+    """The ``failure_category`` a record may claim for a failed attempt, from evidence only.
+
+    Args:
+        attempt: the failed first attempt.
+        category: the failure state's category (:func:`reterm.recovery.attempts.attempt_end_state`: the
+            localiser's, or the task's ``[metadata]`` category when the localiser found no failing step).
+        located: whether the localiser found a failing step (``FailureState.source == "localiser"``).
+        source: ``"injected"`` (the drill's first mistake, typed: a failing command by construction, whose
+            category the drill declares) or ``"own"``.
+
+    Returns:
+        ``category`` when a failing command shows it (located, or the injected mistake); else
+        :data:`PARSE_ERRORS_ONLY` when the attempt made no valid tool call, else :data:`UNLOCALISED`.
+    """
+    if located or source == "injected":
+        return category
+    if not any(s.action is not None for s in attempt.trajectory.steps):
+        return PARSE_ERRORS_ONLY
+    return UNLOCALISED
+
+
 def _family(task_dir: Path) -> str:
     """The drill family of a task (``[metadata] family``; empty for a task outside the drills)."""
     return str((load_task(task_dir).config.metadata or {}).get("family", ""))
@@ -149,6 +182,8 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
                              "outcomes": Counter(a.trajectory.outcome.value for a in firsts), "records": []}
     try:
         states = [attempt_end_state(a) for a in failed]
+        for a, st in zip(failed, states):
+            st.category = evidence_label(a, st.category, st.source == "localiser", source)
         recs = await run_attempts(teacher, [a.task_dir for a in failed], states=states,
                                   snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
     finally:
