@@ -128,6 +128,17 @@ def evidence_label(attempt: Attempt, category: str, located: bool, source: str) 
     return UNLOCALISED
 
 
+def policy_label(spec: str) -> str:
+    """A policy spec as records and ``stats.json`` name it, without a path of this machine: a checkpoint folder
+    (``hf:/abs/RUN/sft/merged``, ``./ckpt``) becomes ``checkpoint:<last two path components>``
+    (``checkpoint:sft/merged``); other specs (``smollm2``, ``hf:org/name``, ``openai:NAME``) are kept."""
+    ref = spec.strip().removeprefix("hf:")
+    if ref.startswith(("/", ".", "~")):
+        parts = [p for p in Path(ref).expanduser().parts if p not in ("/", ".", "..")]
+        return "checkpoint:" + "/".join(parts[-2:] or ["."])
+    return spec
+
+
 def _family(task_dir: Path) -> str:
     """The drill family of a task (``[metadata] family``; empty for a task outside the drills)."""
     return str((load_task(task_dir).config.metadata or {}).get("family", ""))
@@ -289,7 +300,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         for i in range(0, len(todo), size):
             chunk = todo[i : i + size]
             entry = asyncio.run(_batch(pol, teachers[source], chunk, source, max_turns if source == "own" else 2,
-                                       key.split(":", 1)[-1]))
+                                       policy_label(key.split(":", 1)[-1]) if source == "own" else None))
             entry["key"] = key
             with journal_path.open("a") as f:
                 f.write(json.dumps(entry, ensure_ascii=False) + "\n")
@@ -297,7 +308,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             n = sum(len(e["records"]) for e in done)
             print(f"[drills-data] {key}: {min(i + size, len(todo))}/{len(todo)} tasks, {n} records, "
                   f"{time.monotonic() - t0:.0f}s", flush=True)  # fmt: skip
-    rows = [r for e in done for r in e["records"]]
+    rows = [{**r, "source_policy": policy_label(r["source_policy"])} for e in done for r in e["records"]]  # older journals
     uniq: dict[str, dict[str, Any]] = {}
     for r in rows:
         uniq.setdefault(r["id"], r)
@@ -336,8 +347,12 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         "decontamination": {"benchmarks": ["drills test/test_ood"],
                             "method": "held-out drill instances and families are never rolled out for data"},
         "sources": [{"name": "ReTerm recovery drills", "license": "Apache-2.0", "tasks": len(dirs), "records": len(rows)}],
-        "policy": ", ".join(policies) or "first-mistake", "teacher": "oracle-teacher",
-        "config": {"tasks": str(tasks), "max_turns": max_turns, "batch": batch, "held_out": held_out,
+        "policy": ", ".join(policy_label(p) for p in policies) or "first-mistake",
+        "teacher": ", ".join(sorted({r["teacher"] for r in rows})) or "oracle-teacher",
+        "config": {"tasks": Path(tasks).name, "max_turns": max_turns,
+                   "episodes_by_policy": dict(Counter(
+                       "first-mistake" if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
+                       for e in done for _ in e["tasks"])), "batch": batch, "held_out": held_out,
                    "prompt_version": PROMPT_VERSION,
                    "records_by_source_policy": dict(Counter(f"{r['failure_source']}:{r['source_policy']}" for r in rows))},
     }  # fmt: skip
