@@ -93,3 +93,20 @@ def test_model_card_training_run_and_eval_name(tmp_path):
     results.write_text(json.dumps({"models": {"base": {}, "sft": {}}, "differences": {}}))
     with pytest.raises(ValueError, match="--eval-name 'nope' is not a model of these results"):
         drills_section(results, "nope")
+
+
+def test_outputs_are_world_readable(run, tmp_path):
+    import os
+    import stat
+
+    from reterm.io import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        mode = stat.S_IMODE(write_json_atomic(tmp_path / "x.json", {"a": 1}).stat().st_mode)
+    finally:
+        os.umask(old)
+    assert mode == 0o644
+    for f in (run / "data").rglob("*"):
+        if f.is_file() and ".drills" not in f.parts:
+            assert f.stat().st_mode & stat.S_IROTH, f

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from reterm.data.dataset_stats import DatasetStats
+from reterm.io import default_mode
 from reterm.trajectory import write_json_atomic
 
 # datasets' default max_shard_size for push_to_hub.
@@ -70,6 +71,7 @@ def write_dataset_folder(
             fd, tmp = tempfile.mkstemp(dir=data_dir, suffix=".parquet.tmp")
             os.close(fd)
             ds.shard(num_shards=n, index=i, contiguous=True).to_parquet(tmp)
+            os.chmod(tmp, default_mode())  # mkstemp makes 0600; a published shard is for everyone to read
             os.replace(tmp, path)
             written[split].append(path)
     missing = set(stats.splits) - set(splits)

@@ -32,7 +32,7 @@ from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
-from reterm.io import write_text_atomic
+from reterm.io import default_mode, write_text_atomic
 from reterm.records import FEATURES, release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
@@ -120,6 +120,7 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
         else:  # from_list cannot infer an empty table's columns
             ds = Dataset.from_dict({name: [] for name in FEATURES}, features=FEATURES)
         ds.to_parquet(tmp)
+        os.chmod(tmp, default_mode())  # mkstemp makes 0600; records are for everyone to read
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
