@@ -44,7 +44,6 @@ MAX_CONSECUTIVE_PARSE_ERRORS = 2
 THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 """Environment variables of the thread policy, set unless the user chose a value."""
 
-GENERATING_PREFIXES = ("hf:", "openai:")
 
 
 def apply_thread_policy() -> bool:
@@ -60,15 +59,18 @@ def apply_thread_policy() -> bool:
 
 
 def is_generating(spec: str) -> bool:
-    """Whether a policy spec (:func:`reterm.policies.load_policy`) names a model that generates text
-    (``smollm2``, ``hf:...``, ``openai:...``, a local path) rather than a scripted replay (``oracle``)."""
+    """Whether a policy spec (:func:`reterm.policies.load_policy`) names a model this process generates with
+    (``smollm2``, ``hf:...``, a local path). ``oracle`` replays a script; an ``openai:`` endpoint generates on
+    its server, whose defaults apply (``reterm serve`` has these same ones; a vLLM server of the 9B recipe its
+    own caps), so neither gets these keywords unless the caller passes them."""
     spec = (spec or "").strip()
-    return spec == "smollm2" or spec.startswith(GENERATING_PREFIXES) or spec.startswith(("/", ".", "~"))
+    return spec == "smollm2" or spec.startswith("hf:") or spec.startswith(("/", ".", "~"))
 
 
 def policy_defaults(spec: str, **overrides: Any) -> dict[str, Any]:
     """Keyword arguments for :func:`reterm.policies.load_policy`: the shared ``temperature`` and
-    ``max_new_tokens`` for a generating spec (none for ``oracle``), then ``overrides`` (which win)."""
+    ``max_new_tokens`` for a local model (:func:`is_generating`; none for ``oracle`` or ``openai:``), then
+    ``overrides`` (which win)."""
     base: dict[str, Any] = {"temperature": TEMPERATURE, "max_new_tokens": MAX_TURN_TOKENS} if is_generating(spec) else {}
     return {**base, **overrides}
 

@@ -45,6 +45,7 @@ def test_the_readme_ak_line_gives_a_harbor_trial_the_evaluations_settings(tmp_pa
     assert ReTermAgent(logs_dir=tmp_path, policy="hf:./x").policy_kwargs == {"temperature": 0.0, "max_new_tokens": 56}
     assert ReTermAgent(logs_dir=tmp_path, policy_kwargs='{"max_new_tokens": 9}').policy_kwargs["max_new_tokens"] == 9
     assert ReTermAgent(logs_dir=tmp_path, policy="oracle").policy_kwargs == {}
+    assert ReTermAgent(logs_dir=tmp_path, policy="openai:m").policy_kwargs == {}  # the server's defaults apply
 
 
 def test_every_harness_defaults_to_the_shared_values():
