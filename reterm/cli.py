@@ -45,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"reterm: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    # OpenMP threads that spin while waiting make CPU generation several times slower on a shared machine
-    # (measured: a 64-token SmolLM2 turn at load 8 on 2 cores, 70 s spinning vs 13 s passive); set before
-    # torch loads, and only when the user has not chosen (tests/run.sh does the same)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # the shared thread policy (OMP_WAIT_POLICY=PASSIVE, reterm.generation): before torch loads, and only
+    # when the user has not chosen (tests/run.sh does the same)
+    from reterm.generation import apply_thread_policy
+
+    apply_thread_policy()
     # the kit prices no tokens: LiteLLM (imported with Harbor) then reads its bundled cost map instead of
     # retrying a download for about 19 s when offline
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

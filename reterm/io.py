@@ -21,11 +21,26 @@ from pathlib import Path
 from typing import Any
 
 
+def default_mode() -> int:
+    """``0o666`` less the process's umask: the bits a plain ``open(path, "w")`` gives a new file."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)  # no /proc: read the umask by setting it (and putting it back at once)
+    os.umask(old)
+    return 0o666 & ~old
+
+
 def write_bytes_atomic(path: str | Path, data: bytes, *, mode: int | None = None, fsync: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically. Returns the path.
 
     Args:
-        mode: permission bits of the new file (default: those of :func:`tempfile.mkstemp`, 0600).
+        mode: permission bits of the new file (default: what ``open()`` would give, ``0o666`` less the
+            process's umask, so outputs others should read, cards, records, stats, are not left 0600 as
+            :func:`tempfile.mkstemp` makes them).
         fsync: flush the data to disk before the rename (a crash of the machine then leaves the old or
             the new file, not an empty one); off for files that only matter while the machine is up.
     """
@@ -38,8 +53,7 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, mode: int | None = None
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, default_mode() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

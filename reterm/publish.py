@@ -72,6 +72,7 @@ DEFAULT_EXCLUDE: dict[str, list[str]] = {
     "model": [
         "optimizer.pt", "scheduler.pt", "rng_state*.pth", "training_args.bin", "trainer_state.json",
         "checkpoint-*", "runs/*", "*.lock", "__pycache__/*",
+        "command.json",  # the command line of this machine (its paths); recipe + training_summary.json say it
     ],
     "space": ["__pycache__/*", "*.pyc", ".venv/*", "flagged/*", ".gradio/*", ".env"],
 }  # fmt: skip
@@ -325,6 +326,47 @@ def find_secrets(folder: str | Path, secrets: list[str] | None = None) -> list[s
     return found
 
 
+def machine_roots(*folders: str | Path) -> list[str]:
+    """Absolute paths of this machine that must not appear in a published file: the current directory, the
+    kit's checkout and each of ``folders`` with its parents (down to two path components: ``/work/run/data``
+    gives ``/work/run/data`` and ``/work/run``, so a checkpoint's path beside the dataset is caught too), and
+    the home folder when it is not ``/root`` (a sandbox's ``pwd`` legitimately prints ``/root``)."""
+    roots: set[Path] = {Path.cwd().resolve(), Path(__file__).resolve().parents[1]}
+    for f in folders:
+        p = Path(f).expanduser().resolve()
+        roots.update(q for q in [p, *p.parents] if len(q.parts) >= 3)
+    home = Path.home().resolve()
+    if len(home.parts) >= 3:
+        roots.add(home)
+    return sorted({str(r) for r in roots if len(r.parts) >= 3}, key=len, reverse=True)
+
+
+def find_machine_paths(folder: str | Path, roots: list[str]) -> list[str]:
+    """Where ``folder`` holds an absolute path of this machine (one of ``roots``, :func:`machine_roots`):
+    ``["FILE: PATH"]`` (text files by suffix up to :data:`MAX_SCAN_BYTES`, and every parquet row)."""
+    folder = Path(folder)
+    found: list[str] = []
+    patterns = [(r, re.compile(re.escape(r) + r"(?=[/\\\"'\s,;:)\]]|$)")) for r in roots]
+
+    def check(text: str, where: str) -> bool:
+        hit = next((r for r, pat in patterns if pat.search(text)), None)
+        if hit:
+            found.append(f"{where}: {hit}")
+        return hit is not None
+
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            for i, row in enumerate(pq.read_table(path).to_pylist()):
+                if check(json.dumps(row, ensure_ascii=False, default=str), f"{rel} row {i}"):
+                    break
+        elif path.suffix.lower() in TEXT_SUFFIXES and path.stat().st_size <= MAX_SCAN_BYTES:
+            check(path.read_bytes().decode("utf-8", errors="replace"), rel)
+    return found
+
+
 # ------------------------------------------------------------------------------------- upload
 def upload(
     staged: Staged,
@@ -450,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         leaks = find_secrets(staged.path, [t for t in [get_token()] if t])
         if leaks:
             raise PublishError("refusing to publish a token:\n" + "\n".join(f"  - {w}" for w in leaks))
+        paths = find_machine_paths(staged.path, machine_roots(args.folder))
+        if paths:
+            raise PublishError("refusing to publish absolute paths of this machine (the card or records would not "
+                               "say what they are elsewhere):\n" + "\n".join(f"  - {w}" for w in paths[:20]))
         log(f"staged {len(staged.files)} files, {staged.bytes / 1e6:.2f} MB: " + ", ".join(staged.files[:8])
             + (", ..." if len(staged.files) > 8 else ""))  # fmt: skip
         if args.dry_run:

@@ -8,7 +8,8 @@ The first six columns are the authors' release (``twothsnd/ReTerm-10K``), with t
   :mod:`reterm.agent.protocol`): the failed attempt kept as context, then the recovery the task's verifier
   accepted;
 - ``train_from_message_index``: index in ``messages`` of the first assistant message trained on (the first
-  message of the recovery). SFT trains on the assistant turns of ``messages[train_from_message_index:]`` with
+  message of the recovery, after the mistake and its observation: :func:`trains_on_mistake` is false for every
+  record the kit writes). SFT trains on the assistant turns of ``messages[train_from_message_index:]`` with
   ``messages[:train_from_message_index]`` as the prompt;
 - ``target_attempt_index``: the attempt trained on, counted from 1. ``2`` for attempt-level failure states
   (the release's protocol: a whole failed first attempt, the feedback message, then the second attempt made in
@@ -181,3 +182,32 @@ def release_columns(task_id: str, messages: list[dict[str, Any]], train_from_mes
     return {"id": record_id(task_id, sha), "task_id": task_id, "messages": msgs,
             "train_from_message_index": k, "target_attempt_index": int(target_attempt_index),
             "trajectory_sha256": sha}
+
+
+def mistake_message_indices(record: dict[str, Any]) -> list[int]:
+    """Indices in ``record["messages"]`` of the assistant turns the record itself marks as the mistake.
+
+    Step ``i`` of a trajectory is its ``i``-th assistant message (:meth:`reterm.trajectory.Trajectory.to_messages`
+    writes one assistant message a step, a parse error included). ``failure_step`` is the failing step:
+
+    - ``target_attempt_index`` 1 (step-level): the assistant turn of step ``failure_step``;
+    - ``target_attempt_index`` 2 (attempt-level): every assistant turn of the failed first attempt, steps
+      ``0..failure_step`` (the attempt as a whole failed the verifier).
+
+    Raises:
+        ValueError: naming the record id when ``failure_step`` is missing or beyond the assistant turns.
+    """
+    rid = record.get("id") or "?"
+    step = record.get("failure_step")
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"record {rid}: failure_step={step!r} (a step index >= 0)")
+    turns = [i for i, m in enumerate(record["messages"]) if m["role"] == "assistant"]
+    if step >= len(turns):
+        raise ValueError(f"record {rid}: failure_step={step} but the conversation has {len(turns)} assistant turns")
+    return turns[: step + 1] if record.get("target_attempt_index") == 2 else [turns[step]]
+
+
+def trains_on_mistake(record: dict[str, Any]) -> bool:
+    """Whether SFT on ``messages[train_from_message_index:]`` (:mod:`reterm.training.sft_data`) would train on a
+    turn the record marks as its mistake (:func:`mistake_message_indices`)."""
+    return max(mistake_message_indices(record)) >= int(record["train_from_message_index"])

@@ -101,7 +101,7 @@ def test_agent_defaults_stop_after_parse_errors_and_report_progress(tmp_path):
     from reterm.trajectory import Action, Step
 
     agent = ReTermAgent(logs_dir=tmp_path)
-    assert agent.max_consecutive_parse_errors == DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS == 3 and agent.progress
+    assert agent.max_consecutive_parse_errors == DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS == 2  # reterm.generation and agent.progress
     off = ReTermAgent(logs_dir=tmp_path, max_consecutive_parse_errors="0", progress="false")
     assert off.max_consecutive_parse_errors is None and not off.progress
     assert ReTermAgent(logs_dir=tmp_path, max_consecutive_parse_errors="5").max_consecutive_parse_errors == 5

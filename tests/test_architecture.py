@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # shared types and helpers: the trajectory schema, dataset records, the agent protocol (what every model
     # and every harness reads and writes), interval statistics, JSON and Hub-metadata helpers, the tiny model
     ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.agent.protocol", "reterm.json_files",
-              "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards", "reterm.io")),
+              "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards", "reterm.io",
+              "reterm.generation")),
     ("sandbox", ("reterm.sandbox",)),
     ("tasks", ("reterm.tasks",)),
     ("policies", ("reterm.policies",)),

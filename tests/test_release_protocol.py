@@ -158,13 +158,14 @@ def test_drills_data_and_evaluation_end_to_end_with_scripted_policies(drills, tm
     assert list(ds.column_names)[:6] == list(RELEASE_COLUMNS)
     assert all(r["failure_source"] == "injected" for r in ds)
     kinds = {r["target_attempt_index"] for r in ds}
-    assert kinds == {1, 2}  # the release's attempt-level records and whole in-attempt recoveries
+    assert kinds == {1, 2}  # the release's attempt-level records and in-attempt recoveries
     for r in ds:
         k = r["train_from_message_index"]
         if r["target_attempt_index"] == 2:
             assert r["messages"][k - 1]["content"] == FEEDBACK_MESSAGE
         else:
-            assert k == 2 and r["messages"][3]["role"] == "tool"  # the mistake's error is read, then fixed
+            # the mistake (step 0) and its error are context; training starts at the first recovery turn
+            assert k == 4 and r["messages"][3]["role"] == "tool" and r["failure_step"] == 0
     assert stats["filters"]["kept"] == sum(stats["splits"].values()) >= 5
 
     splits = read_splits(drills)
@@ -205,13 +206,16 @@ def test_grpo_pool_takes_attempt_level_records_and_grows_attempt_level_online_st
     from datasets import load_dataset
 
     from reterm.data.drills import build
-    from reterm.training.failure_pool import online_states_from_attempt, seed_states_from_records
+    from reterm.training.failure_pool import _attempt_level, online_states_from_attempt, seed_states_from_records
 
     build(drills, tmp_path / "data", policies=[], max_turns=2, batch=8, held_out=0.0)
     records = load_dataset(str(tmp_path / "data"), split="train")
     states, skipped = seed_states_from_records(records, [drills])
     attempt_level = sum(r["target_attempt_index"] == 2 for r in records)
-    assert len(states) == attempt_level and skipped == {"no_failing_step": len(records) - attempt_level}
+    # step-level records (target 1) are step-level states: the prompt ends with the mistake's observation
+    assert sum(_attempt_level(st) for st in states) == attempt_level and not skipped
+    assert len(states) == len(records) and all(st.prompt[-1]["role"] in ("tool", "user") for st in states)
+    states = [st for st in states if _attempt_level(st)]
     parent = states[0]
     assert parent.prompt[-1]["content"] == FEEDBACK_MESSAGE
     wrong = [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_9", "type": "function", "function": {

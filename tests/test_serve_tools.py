@@ -65,7 +65,7 @@ def client(base_url):
 
 def test_a_tool_call_comes_back_as_tool_calls_and_the_loop_goes_on(client):
     messages = initial_messages("List the files, then write out.txt.")
-    r = client.chat.completions.create(model="anything", messages=messages, tools=TOOLS, n=2)
+    r = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, n=2)
     assert [c.finish_reason for c in r.choices] == ["tool_calls", "tool_calls"]
     calls = [c.message.tool_calls for c in r.choices]
     assert all(len(c) == 1 for c in calls)
@@ -78,7 +78,7 @@ def test_a_tool_call_comes_back_as_tool_calls_and_the_loop_goes_on(client):
     # the client sends the call and its result back, as any agent framework does
     messages += [r.choices[0].message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "out.txt\n[exit status: 0]"}]  # fmt: skip
-    r2 = client.chat.completions.create(model="anything", messages=messages, tools=TOOLS)
+    r2 = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS)
     (c2,) = r2.choices
     assert c2.finish_reason == "tool_calls"
     assert json.loads(c2.message.tool_calls[0].function.arguments) == {"command": COMMANDS[1], "timeout": 10}
@@ -86,42 +86,42 @@ def test_a_tool_call_comes_back_as_tool_calls_and_the_loop_goes_on(client):
     assert c2.message.tool_calls[0].id != call.id
     messages += [c2.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": c2.message.tool_calls[0].id, "content": "[exit status: 0]"}]  # fmt: skip
-    r3 = client.chat.completions.create(model="anything", messages=messages, tools=TOOLS)
+    r3 = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS)
     assert r3.choices[0].message.tool_calls[0].function.name == "submit"
     assert json.loads(r3.choices[0].message.tool_calls[0].function.arguments) == {}
 
 
 def test_qwen_calls_are_read_by_the_same_parser(client):
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "qwen please"}], tools=TOOLS)
+    r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "qwen please"}], tools=TOOLS)
     assert r.choices[0].finish_reason == "tool_calls"
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"command": "pwd", "timeout": 5}
 
 
 def test_text_stays_text(client):
-    prose = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "prose please"}],
+    prose = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "prose please"}],
                                            tools=TOOLS)  # fmt: skip
     assert (prose.choices[0].message.content, prose.choices[0].message.tool_calls) == ("Nothing to run here.", None)
     assert prose.choices[0].finish_reason == "stop"
     # no tools offered, tool_choice "none", or a tool the request did not offer: the raw text
     ask = initial_messages("List the files.")
     for kwargs in ({}, {"tools": TOOLS, "tool_choice": "none"}, {"tools": [TOOLS[1]]}):
-        r = client.chat.completions.create(model="m", messages=ask, **kwargs)
+        r = client.chat.completions.create(model="scripted", messages=ask, **kwargs)
         assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop", kwargs
         assert r.choices[0].message.content == bash_call(COMMANDS[0])
-    auto = client.chat.completions.create(model="m", messages=ask, tools=TOOLS, tool_choice="auto")
+    auto = client.chat.completions.create(model="scripted", messages=ask, tools=TOOLS, tool_choice="auto")
     assert auto.choices[0].finish_reason == "tool_calls"
 
 
 def test_unsupported_tool_choice_is_refused_in_openais_error_shape(client):
     for choice in ("required", {"type": "function", "function": {"name": "bash"}}):
         with pytest.raises(openai.BadRequestError) as info:
-            client.chat.completions.create(model="m", messages=initial_messages("x"), tools=TOOLS, tool_choice=choice)
+            client.chat.completions.create(model="scripted", messages=initial_messages("x"), tools=TOOLS, tool_choice=choice)
         err = info.value.body
         assert err["param"] == "tool_choice" and err["type"] == "invalid_request_error" and "auto" in err["message"]
 
 
 def test_streaming_assembles_to_the_same_reply(client):
-    stream = client.chat.completions.create(model="m", messages=initial_messages("List the files."), tools=TOOLS,
+    stream = client.chat.completions.create(model="scripted", messages=initial_messages("List the files."), tools=TOOLS,
                                             stream=True, stream_options={"include_usage": True})  # fmt: skip
     chunks = list(stream)
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -132,7 +132,7 @@ def test_streaming_assembles_to_the_same_reply(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
 
-    text = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "prose please"}],
+    text = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "prose please"}],
                                           stream=True)  # fmt: skip
     assert "".join(c.choices[0].delta.content or "" for c in text if c.choices) == "Nothing to run here."
 
@@ -189,3 +189,20 @@ def test_harbors_terminus2_agent_runs_a_kit_task_against_the_server(tmp_path):
     assert result["exception_info"] is None, result["exception_info"]
     assert result["verifier_result"]["rewards"]["reward"] == 1.0
     assert server.stats["requests"] >= 2  # the solution turn and the confirmation
+
+
+def test_unknown_model_is_404_and_unknown_role_is_400_in_openais_error_shape(client, base_url):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="nope", messages=initial_messages("x"), tools=TOOLS)
+    err = info.value.body
+    assert info.value.status_code == 404 and err["code"] == "model_not_found" and err["param"] == "model"
+    assert "`nope`" in err["message"] and "`scripted`" in err["message"] and err["type"] == "invalid_request_error"
+    bad = [*initial_messages("x"), {"role": "wizard", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="scripted", messages=bad, tools=TOOLS)
+    err = info.value.body
+    assert info.value.status_code == 400 and err["param"] == "messages.[2].role" and "'wizard'" in err["message"]
+    # OpenAI's `developer` role is a system message
+    dev = [{"role": "developer", "content": initial_messages("List the files.")[0]["content"]},
+           *initial_messages("List the files.")[1:]]
+    assert client.chat.completions.create(model="scripted", messages=dev, tools=TOOLS).choices[0].finish_reason

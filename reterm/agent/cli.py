@@ -4,7 +4,10 @@ Starts the task's environment (``local`` = this kit's sandbox ``reterm.sandbox.l
 any Harbor environment type such as ``docker``, ``podman``, ``daytona``; or ``module:Class``), runs
 :func:`reterm.agent.episode.run_episode` with the policy built by :func:`reterm.policies.load_policy`,
 shows every step (command, output, exit status) as it happens with a live status line, runs the
-verifier and prints the reward. The output folder has Harbor's trial layout: ``agent/trajectory.json``
+verifier and prints the reward. Generation uses the kit's shared defaults (:mod:`reterm.generation`:
+greedy, :data:`~reterm.generation.MAX_TURN_TOKENS` tokens a turn, a stop after
+:data:`~reterm.generation.MAX_CONSECUTIVE_PARSE_ERRORS` parse errors in a row), the drills evaluation's;
+``--policy-arg`` and ``--max-parse-errors`` override them. The output folder has Harbor's trial layout: ``agent/trajectory.json``
 (ATIF), ``agent/reterm_trajectory.json``, ``verifier/``.
 
 Exit status: 0 when the episode and the verifier ran (whatever the reward), 3 for an infrastructure
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.environments import environment_kind, make_environment
+from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, policy_defaults
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,13 +38,16 @@ def _parser() -> argparse.ArgumentParser:
                    "Hub id) | a plain path | openai:<model> | oracle (default smollm2)")
     p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword for the policy (repeatable), e.g. base_url=http://127.0.0.1:8000/v1, "
-                        "temperature=0.7")  # fmt: skip
+                        f"temperature=0.7 (defaults: temperature=0, max_new_tokens={MAX_TURN_TOKENS})")  # fmt: skip
     p.add_argument("--env", default="local",
                    help="environment: local (this kit's sandbox), a Harbor type (docker, podman, daytona, ...) "
                         "or module:Class (default local)")  # fmt: skip
     p.add_argument("--max-turns", type=int, default=30, help="turns the policy gets (default 30)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="the agent's time in seconds (default the task's [agent] timeout_sec)")
+    p.add_argument("--max-parse-errors", type=int, default=MAX_CONSECUTIVE_PARSE_ERRORS,
+                   help="stop after N replies in a row without a valid tool call (0: never; default "
+                        f"{MAX_CONSECUTIVE_PARSE_ERRORS})")  # fmt: skip
     p.add_argument("--command-timeout", type=float, default=None, help="default seconds per command (30)")
     p.add_argument("--output", type=Path, default=None,
                    help="folder for the trajectory and verifier files (default runs/run-TASK-TIME)")
@@ -124,7 +131,7 @@ async def _run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out}: exists and is not a folder")
     kwargs = dict(kv.split("=", 1) for kv in args.policy_arg)
-    kwargs = {k: _value(v) for k, v in kwargs.items()}
+    kwargs = policy_defaults(spec, **{k: _value(v) for k, v in kwargs.items()})
     if spec == "oracle":
         kwargs.setdefault("tasks", task_dir)
     console.print(f"[bold]task[/] {task_id}  [bold]policy[/] {spec}  [bold]env[/] {args.env}  [bold]output[/] {out}")
@@ -156,6 +163,7 @@ async def _run(args: argparse.Namespace) -> int:
             traj = await run_episode(
                 policy, env, task, max_turns=args.max_turns, time_budget_s=args.time_budget,
                 command_timeout_s=args.command_timeout, verify=not args.no_verify, trial_dir=out,
+                max_consecutive_parse_errors=args.max_parse_errors or None,
                 on_step=printer.step,
             )  # fmt: skip
         finally:
@@ -190,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and not value > 0:
             print(f"reterm run: {flag} must be positive, got {value:g}", file=sys.stderr)
             return 2
+    if args.max_parse_errors < 0:
+        print(f"reterm run: --max-parse-errors must be >= 0 (0: never stop), got {args.max_parse_errors}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     for kv in args.policy_arg:
         if "=" not in kv:
             print(f"reterm run: --policy-arg {kv!r} is not KEY=VALUE", file=sys.stderr)

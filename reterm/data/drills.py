@@ -11,8 +11,9 @@ Failure states come from two sources, both on the drills' ``train`` split (``DRI
 
 From each injected failure state there are two records: the release's kind (``target_attempt_index = 2``:
 the failed attempt, the feedback, then the second attempt) and a step-level one (``target_attempt_index = 1``:
-one attempt that makes the mistake, reads its error and recovers, trained whole; see
-:func:`_in_attempt_records`). From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
+one attempt that makes the mistake, reads its error and recovers; trained from the first recovery turn, so the
+mistake and its error are context only; see :func:`_in_attempt_records`). No record's trained turns contain
+the turn the record marks as its mistake (``failure_step``). From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
 recovery commands, after the policy's own attempt the reference solution, typed from the state the failed
 attempt left behind) makes a recovery attempt after the feedback message; the task's
 verifier keeps the ones that pass. Records carry the release's six columns first
@@ -39,7 +40,7 @@ from typing import Any
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.policies.scripted import OraclePolicy
-from reterm.records import release_columns
+from reterm.records import release_columns, trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.recovery.state import state_id_of
 from reterm.trajectory import Outcome, Step, Trajectory
@@ -95,6 +96,50 @@ def mistake_policy(dirs: list[Path]) -> OraclePolicy:
     return OraclePolicy([(load_task(d).instruction, [first_mistake(d)]) for d in dirs], name="first-mistake")
 
 
+PARSE_ERRORS_ONLY = "parse_errors_only"
+"""The label of a failed attempt without a single valid tool call: not an error category (docs/ERROR_TAXONOMY.md:
+parse errors are not failure states), so such records are counted apart from the categories."""
+
+UNLOCALISED = "unlocalised"
+"""The label of a failed attempt whose commands show no error the localiser recognises (e.g. it ran commands that
+succeeded, then submitted a wrong result): no category is claimed without a failing command to show it."""
+
+NOT_CATEGORIES = (PARSE_ERRORS_ONLY, UNLOCALISED)
+
+
+def evidence_label(attempt: Attempt, category: str, located: bool, source: str) -> str:
+    """The ``failure_category`` a record may claim for a failed attempt, from evidence only.
+
+    Args:
+        attempt: the failed first attempt.
+        category: the failure state's category (:func:`reterm.recovery.attempts.attempt_end_state`: the
+            localiser's, or the task's ``[metadata]`` category when the localiser found no failing step).
+        located: whether the localiser found a failing step (``FailureState.source == "localiser"``).
+        source: ``"injected"`` (the drill's first mistake, typed: a failing command by construction, whose
+            category the drill declares) or ``"own"``.
+
+    Returns:
+        ``category`` when a failing command shows it (located, or the injected mistake); else
+        :data:`PARSE_ERRORS_ONLY` when the attempt made no valid tool call, else :data:`UNLOCALISED`.
+    """
+    if located or source == "injected":
+        return category
+    if not any(s.action is not None for s in attempt.trajectory.steps):
+        return PARSE_ERRORS_ONLY
+    return UNLOCALISED
+
+
+def policy_label(spec: str) -> str:
+    """A policy spec as records and ``stats.json`` name it, without a path of this machine: a checkpoint folder
+    (``hf:/abs/RUN/sft/merged``, ``./ckpt``) becomes ``checkpoint:<last two path components>``
+    (``checkpoint:sft/merged``); other specs (``smollm2``, ``hf:org/name``, ``openai:NAME``) are kept."""
+    ref = spec.strip().removeprefix("hf:")
+    if ref.startswith(("/", ".", "~")):
+        parts = [p for p in Path(ref).expanduser().parts if p not in ("/", ".", "..")]
+        return "checkpoint:" + "/".join(parts[-2:] or ["."])
+    return spec
+
+
 def _family(task_dir: Path) -> str:
     """The drill family of a task (``[metadata] family``; empty for a task outside the drills)."""
     return str((load_task(task_dir).config.metadata or {}).get("family", ""))
@@ -129,6 +174,9 @@ def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int
         "successful_attempts": 1, "recovery_turns": recovery_turns, "source_policy": source_policy,
         "teacher": traj.policy, "trajectory_id": state_id, "prompt_version": PROMPT_VERSION, "family": family,
     })  # fmt: skip
+    if trains_on_mistake(row):
+        raise ValueError(f"record {row['id']}: train_from_message_index={train_from} would train on the mistake "
+                         f"(failure_step={failure_step})")
     return row
 
 
@@ -141,6 +189,8 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
                              "outcomes": Counter(a.trajectory.outcome.value for a in firsts), "records": []}
     try:
         states = [attempt_end_state(a) for a in failed]
+        for a, st in zip(failed, states):
+            st.category = evidence_label(a, st.category, st.source == "localiser", source)
         recs = await run_attempts(teacher, [a.task_dir for a in failed], states=states,
                                   snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
     finally:
@@ -164,13 +214,27 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
     return entry
 
 
+def recovery_start(traj: Trajectory, failure_step: int = 0) -> int:
+    """``train_from_message_index`` of a step-level record: the index in ``traj.to_messages()`` of the first
+    message of step ``failure_step + 1`` (the first recovery turn), i.e. after the mistake's call and its
+    observation.
+
+    Raises:
+        ValueError: naming the task when no step follows ``failure_step``.
+    """
+    if len(traj.steps) <= failure_step + 1:
+        raise ValueError(f"trajectory of task {traj.task_id}: no step after failure_step={failure_step}")
+    return len(traj.to_messages(upto=failure_step + 1))
+
+
 async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]) -> list[dict[str, Any]]:
     """Step-level records (``target_attempt_index = 1``): one attempt that makes the drill's first mistake, reads
     its error and recovers in the same attempt (the mistake, then the verified recovery commands, then submit).
 
-    The whole attempt is trained on (``train_from_message_index`` = its first assistant message): it teaches a
-    model that has never called a tool the first move of an attempt as well as the recovery; the mistake's
-    observation is context. Only attempts the verifier passes are kept.
+    Training starts at the first recovery turn (``train_from_message_index`` = the assistant message of step 1,
+    after the mistake's call and its observation): the mistake (``failure_step`` 0) and its error are the
+    prompt, never a target, so a model trained on the record learns to read the error and fix it, not to make
+    the mistake. Only attempts the verifier passes are kept.
     """
     dirs = [a.task_dir for a in failed]
     if not dirs:
@@ -181,9 +245,9 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
     rows = []
     for a, r in zip(failed, runs):
         traj = r.trajectory
-        if traj.outcome is not Outcome.SUCCESS:
+        if traj.outcome is not Outcome.SUCCESS or len(traj.steps) < 2:
             continue
-        rows.append(_record(traj, 2, 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
+        rows.append(_record(traj, recovery_start(traj), 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
                             category=categories[r.task_dir], source="injected", source_policy="first-mistake",
                             replay=[], state_id=state_id_of(traj, traj.steps[:1]), family=_family(r.task_dir)))  # fmt: skip
     return rows
@@ -232,7 +296,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         for i in range(0, len(todo), size):
             chunk = todo[i : i + size]
             entry = asyncio.run(_batch(pol, teachers[source], chunk, source, max_turns if source == "own" else 2,
-                                       key.split(":", 1)[-1]))
+                                       policy_label(key.split(":", 1)[-1]) if source == "own" else None))
             entry["key"] = key
             with journal_path.open("a") as f:
                 f.write(json.dumps(entry, ensure_ascii=False) + "\n")
@@ -240,7 +304,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             n = sum(len(e["records"]) for e in done)
             print(f"[drills-data] {key}: {min(i + size, len(todo))}/{len(todo)} tasks, {n} records, "
                   f"{time.monotonic() - t0:.0f}s", flush=True)  # fmt: skip
-    rows = [r for e in done for r in e["records"]]
+    rows = [{**r, "source_policy": policy_label(r["source_policy"])} for e in done for r in e["records"]]  # older journals
     uniq: dict[str, dict[str, Any]] = {}
     for r in rows:
         uniq.setdefault(r["id"], r)
@@ -279,8 +343,12 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         "decontamination": {"benchmarks": ["drills test/test_ood"],
                             "method": "held-out drill instances and families are never rolled out for data"},
         "sources": [{"name": "ReTerm recovery drills", "license": "Apache-2.0", "tasks": len(dirs), "records": len(rows)}],
-        "policy": ", ".join(policies) or "first-mistake", "teacher": "oracle-teacher",
-        "config": {"tasks": str(tasks), "max_turns": max_turns, "batch": batch, "held_out": held_out,
+        "policy": ", ".join(policy_label(p) for p in policies) or "first-mistake",
+        "teacher": ", ".join(sorted({r["teacher"] for r in rows})) or "oracle-teacher",
+        "config": {"tasks": Path(tasks).name, "max_turns": max_turns,
+                   "episodes_by_policy": dict(Counter(
+                       "first-mistake" if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
+                       for e in done for _ in e["tasks"])), "batch": batch, "held_out": held_out,
                    "prompt_version": PROMPT_VERSION,
                    "records_by_source_policy": dict(Counter(f"{r['failure_source']}:{r['source_policy']}" for r in rows))},
     }  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from reterm.data.dataset_stats import DatasetStats
-from reterm.io import atomic_output
+from reterm.io import atomic_output, default_mode
 from reterm.trajectory import write_json_atomic
 
 # datasets' default max_shard_size for push_to_hub.
@@ -68,6 +68,7 @@ def write_dataset_folder(
             path = data_dir / f"{split}-{i:05d}-of-{n:05d}.parquet"
             with atomic_output(path) as tmp:
                 ds.shard(num_shards=n, index=i, contiguous=True).to_parquet(str(tmp))
+                os.chmod(tmp, default_mode())  # a published shard is for everyone to read
             written[split].append(path)
     missing = set(stats.splits) - set(splits)
     if missing:

@@ -30,7 +30,7 @@ from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
-from reterm.io import atomic_output, write_text_atomic
+from reterm.io import atomic_output, default_mode, write_text_atomic
 from reterm.records import FEATURES, release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
@@ -116,6 +116,7 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
         ds = Dataset.from_dict({name: [] for name in FEATURES}, features=FEATURES)
     with atomic_output(path) as tmp:
         ds.to_parquet(str(tmp))
+        os.chmod(tmp, default_mode())  # records are for everyone to read
     return path
 
 

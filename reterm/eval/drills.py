@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
+from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, apply_thread_policy, policy_defaults
 from reterm.io import write_text_atomic
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
@@ -115,7 +116,7 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    kw = dict(max_turns=max_turns, max_consecutive_parse_errors=2)
+    kw = dict(max_turns=max_turns, max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS)
     res: dict[str, Any] = {"model": name}
     own_failed: list[Attempt] = []
     per_item: dict[str, dict[str, float | None]] = {}
@@ -283,15 +284,17 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m eval.drills`` argument parser (generation defaults from :mod:`reterm.generation`)."""
     p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", required=True, type=Path)
     p.add_argument("--model", action="append", required=True, metavar="NAME=SPEC",
                    help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=96,
-                   help="tokens per turn (every drill's reference fits in 96 SmolLM2 tokens; reterm.drills.caps)")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
+                   help=f"tokens per turn at most (default {MAX_TURN_TOKENS}: reterm.generation.MAX_TURN_TOKENS; "
+                        "every drill's reference fits, reterm.drills.caps)")
     p.add_argument("--batch", type=int, default=32, help="attempts generated together")
     p.add_argument("--max-id", type=int, default=None,
                    help="at most N in-distribution test instances (evenly spread over the families)")
@@ -300,7 +303,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="injected failure states for Recovery@1: at most N of the evaluated instances per split")
     p.add_argument("--own-items", type=int, default=32, help="own failed attempts followed for Recovery@k")
     p.add_argument("--k-max", type=int, default=3)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    apply_thread_policy()  # before a policy loads torch (reterm.generation)
+    a = build_parser().parse_args(argv)
     models: dict[str, str] = {}
     for m in a.model:
         name, sep, spec = m.partition("=")
@@ -327,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in todo:
             _say(f"model {name} = {models[name]}")
-            policy = load_policy(models[name], temperature=0.0, max_new_tokens=a.max_new_tokens, seed=0)
+            policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
             if unwinnable is None and getattr(policy, "tokenizer", None) is not None:
                 # items whose own reference does not fit the caps confound every comparison (issue 24)
                 from reterm.drills.caps import unwinnable as find_unwinnable

@@ -22,8 +22,10 @@ API (the subset agents use, vLLM-compatible where OpenAI's is silent):
   text; ``"required"`` and named functions are refused with a 400, as the reply cannot be forced),
   ``temperature``, ``top_p``, ``max_completion_tokens``/``max_tokens``, ``n``, ``logprobs``,
   ``stream`` (with ``stream_options.include_usage``), ``chat_template_kwargs`` and ``return_token_ids``
-  (vLLM extensions: the response then has ``prompt_token_ids`` and each choice ``token_ids``). Any
-  ``model`` name is accepted (one model is served). ``seed`` is ignored (requests share batches).
+  (vLLM extensions: the response then has ``prompt_token_ids`` and each choice ``token_ids``). ``model``
+  must be the served name (``/v1/models``; ``--served-model-name``): any other is answered with 404
+  ``model_not_found``, as vLLM and OpenAI do. Roles are :data:`ROLES`; any other is a 400.
+  ``seed`` is ignored (requests share batches).
 - Tool calls: when the request offers tools, each reply is read with the kit's own parser
   (:func:`reterm.agent.protocol.parse_action`, Hermes JSON and Qwen3.5 calls). A reply that holds a
   valid call of an offered tool comes back as ``message.tool_calls`` (one call, a unique ``call_...``
@@ -54,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from reterm.generation import MAX_TURN_TOKENS, TEMPERATURE, TOP_P
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
 from reterm.policies.sampling import SamplingParams
 
@@ -70,12 +73,18 @@ def served_name(model: str) -> str:
     return name[:63]
 
 
-class RequestError(ValueError):
-    """A bad request (answered with HTTP 400); ``param`` names the offending request field."""
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Message roles a request may use (OpenAI's chat roles; ``developer`` is rendered as ``system``). Any other
+role is refused with a 400, as vLLM does."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+
+class RequestError(ValueError):
+    """A bad request, answered with HTTP ``status`` (400, or 404 for an unknown model) in OpenAI's error shape;
+    ``param`` names the offending request field and ``code`` is OpenAI's error code (``model_not_found``...)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.status, self.code = param, status, code
 
 
 def tool_call_message(text: str, tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], bool]:
@@ -199,6 +208,15 @@ class Server:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
                                                                       for m in messages):  # fmt: skip
             raise RequestError("`messages` must be a non-empty list of objects with a `role`", "messages")
+        model = body.get("model")
+        if model != self.name:
+            raise RequestError(f"The model `{model}` does not exist (this server serves `{self.name}`).", "model",
+                               status=404, code="model_not_found")  # fmt: skip
+        for i, m in enumerate(messages):
+            if m["role"] not in ROLES:
+                raise RequestError(f"messages[{i}].role {m['role']!r} is not one of {', '.join(ROLES)}",
+                                   f"messages.[{i}].role")  # fmt: skip
+        messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
         n = body.get("n") or 1
         if not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise RequestError(f"`n` must be an integer in [1, {MAX_N}], got {n!r}", "n")
@@ -304,8 +322,10 @@ class Server:
 
         app = FastAPI(title="reterm serve", version="1")
 
-        def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-            return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+        def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                  code: str | int | None = None):
+            return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                           "code": status if code is None else code}},
                                 status_code=status)  # fmt: skip
 
         @app.get("/health")
@@ -327,7 +347,7 @@ class Server:
                 job = self.parse(body)
                 generations = await self.submit(job)
             except RequestError as exc:
-                return error(400, str(exc), param=exc.param)
+                return error(exc.status, str(exc), param=exc.param, code=exc.code)
             except (ValueError, TypeError, KeyError) as exc:
                 return error(400, f"{type(exc).__name__}: {exc}")
             except Exception as exc:  # a fault of the server itself
@@ -363,9 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--max-context", type=int, help="context length in tokens (default: the model's)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="default max tokens per reply (default 1024)")
-    p.add_argument("--temperature", type=float, default=0.7, help="default temperature (default 0.7)")
-    p.add_argument("--top-p", type=float, default=0.95, help="default top_p (default 0.95)")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
+                   help=f"default max tokens per reply (default {MAX_TURN_TOKENS}: reterm.generation, the evaluation's)")
+    p.add_argument("--temperature", type=float, default=TEMPERATURE,
+                   help=f"default temperature (default {TEMPERATURE:g}: greedy, as the evaluation)")
+    p.add_argument("--top-p", type=float, default=TOP_P, help=f"default top_p (default {TOP_P})")
     p.add_argument("--enable-thinking", choices=["true", "false"], help="chat template's enable_thinking (Qwen3.5)")
     p.add_argument("--max-batch", type=int, default=16, help="most conversations per generate call (default 16)")
     p.add_argument("--batch-wait-ms", type=float, default=10.0, help="wait for more requests before a batch (ms)")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS
+
 MODES = ("reterm", "standard")
 FORK_METHODS = ("auto", "snapshot", "replay")
 DYNAMIC_SAMPLING = ("none", "skip", "resample")
@@ -50,13 +52,13 @@ class ReTermGRPOConfig(GRPOConfig):
             local sandbox, else replay).
         max_turns (`int`, *optional*, defaults to `30`):
             Turns generated per attempt (the failure prefix does not count).
-        max_turn_tokens (`int`, *optional*, defaults to `1024`):
+        max_turn_tokens (`int`, *optional*, defaults to `reterm.generation.MAX_TURN_TOKENS`):
             Tokens generated per turn at most (the attempt's total is `max_completion_length`).
         command_timeout_s (`float` or `None`, *optional*, defaults to `None`):
             A command's timeout when the model gives none (`None`: the harness default, 30 s).
         agent_time_budget_s (`float` or `None`, *optional*, defaults to `None`):
             Wall time of one attempt (model + commands); `None`: the task's `[agent] timeout_sec`.
-        max_consecutive_parse_errors (`int` or `None`, *optional*, defaults to `3`):
+        max_consecutive_parse_errors (`int` or `None`, *optional*, defaults to `reterm.generation.MAX_CONSECUTIVE_PARSE_ERRORS`):
             End an attempt after this many replies in a row without a valid action.
         online_state_fraction (`float`, *optional*, defaults to `0.5`):
             ReTerm mode: probability that a group starts from a failure state of the current policy's own failed
@@ -108,13 +110,13 @@ class ReTermGRPOConfig(GRPOConfig):
     )
     fork_method: str = field(default="auto", metadata={"help": "auto, snapshot (local sandbox) or replay."})
     max_turns: int = field(default=30, metadata={"help": "Turns generated per attempt (the prefix does not count)."})
-    max_turn_tokens: int = field(default=1024, metadata={"help": "Tokens generated per turn at most."})
+    max_turn_tokens: int = field(default=MAX_TURN_TOKENS, metadata={"help": "Tokens generated per turn at most."})
     command_timeout_s: float | None = field(default=None, metadata={"help": "Default command timeout (s)."})
     agent_time_budget_s: float | None = field(
         default=None, metadata={"help": "Wall time of one attempt (s); default: the task's [agent] timeout_sec."}
     )
     max_consecutive_parse_errors: int | None = field(
-        default=3, metadata={"help": "End an attempt after this many invalid replies in a row."}
+        default=MAX_CONSECUTIVE_PARSE_ERRORS, metadata={"help": "End an attempt after this many invalid replies in a row."}
     )
     online_state_fraction: float = field(
         default=0.5, metadata={"help": "Share of groups drawn from the policy's own new failure states."}

@@ -39,6 +39,7 @@ from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
+from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS
 from reterm.policies.base import EndpointError
 from reterm.training.failure_pool import PoolState, SnapshotCache
 from reterm.training.grpo_policy import AttemptTokens, TokenTrajectoryPolicy
@@ -67,7 +68,7 @@ class RolloutSettings:
     max_turns: int = 30
     command_timeout_s: float | None = None
     time_budget_s: float | None = None
-    max_consecutive_parse_errors: int | None = 3
+    max_consecutive_parse_errors: int | None = MAX_CONSECUTIVE_PARSE_ERRORS
     environment: str = "local"
     fork_method: str = "snapshot"
 

