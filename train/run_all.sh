@@ -112,7 +112,7 @@ stage() {
   local name=$1 output=$2; shift 3
   selected "$name" || return 0
   if [ "$DRY_RUN" = 1 ]; then
-    printf '\n[%s]\n  %s\n' "$name" "$*"
+    printf '\n[%s]\n ' "$name"; printf ' %q' "$@"; printf '\n'   # shell-quoted: train/check_recipe.py reads it
     [ -n "${WATCH:-}" ] && printf '  (done already = skipped, unless this command or %s changed)\n' "$WATCH"
     return 0
   fi
@@ -126,6 +126,7 @@ stage() {
 # ---------------------------------------------------------------------------------------- recipes
 # What differs between the embedded default and the 9B run. Everything else is in the recipe files.
 RECIPES=train/recipes/$RECIPE
+TRAIN_FLAGS=()   # flags every trainer command gets (the launcher's needs)
 case "$RECIPE" in
   smollm2-135m)   # CPU, minutes: SmolLM2-135M-Instruct (PyPI wheel), the local bubblewrap sandbox
     DATA_CONFIG=pipeline/configs/smoke.yaml
@@ -138,7 +139,15 @@ case "$RECIPE" in
   qwen3.5-9b)     # GPUs: vLLM generation, DeepSpeed ZeRO-3 (or FSDP2), Daytona sandboxes, Terminal-Bench 2.0
     DATA_CONFIG=pipeline/configs/reterm-10k.yaml
     EVAL_CONFIG=eval/configs/terminal-bench-2.0.yaml
-    LAUNCH=(.venv/bin/accelerate launch --config_file "train/accelerate_configs/${ACCELERATE_CONFIG:-zero3}.yaml")
+    ACCEL_CONFIG=train/accelerate_configs/${ACCELERATE_CONFIG:-zero3}.yaml
+    [ -f "$ACCEL_CONFIG" ] || { echo "run_all.sh: ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}: no $ACCEL_CONFIG (zero3 or fsdp2)" >&2; exit 2; }
+    LAUNCH=(.venv/bin/accelerate launch --config_file "$ACCEL_CONFIG")
+    # FSDP does its own activation checkpointing (fsdp_activation_checkpointing); transformers' Trainer refuses
+    # to build when the training argument is on as well (trainer.py: "can't both be set to True"), so the
+    # recipes' activation_checkpointing is turned off for such a config, on the command line of every trainer
+    if grep -Eq '^[[:space:]]*fsdp_activation_checkpointing:[[:space:]]*true' "$ACCEL_CONFIG"; then
+      TRAIN_FLAGS=(--activation_checkpointing false)
+    fi
     BASE_MODEL=Qwen/Qwen3.5-9B
     DATA_NAME=ReTerm-10K; MODEL_NAME=ReTerm-9B
     VLLM=("$PY" train/stages.py with-vllm --log-dir "$RUN/logs/vllm")
@@ -210,6 +219,16 @@ if [ "$CHECK" = 1 ]; then
   exec "$PY" train/check_recipe.py --recipe "$RECIPE" --run-dir "$RUN/check"
 fi
 
+# 9B: the data stage needs a teacher endpoint; say so now, before any GPU work, not after the policy server and
+# an hour of rollouts (the config's default URL is only a placeholder: nothing is served there unless you do)
+if [ "$RECIPE" = qwen3.5-9b ] && [ "$DRY_RUN" = 0 ] && selected data && [ ! -f "$RUN/stages/data.json" ] \
+   && [ -z "${RETERM_TEACHER_URL:-}" ]; then
+  echo "run_all.sh: the data stage needs RETERM_TEACHER_URL: the OpenAI-compatible endpoint of the teacher that" \
+       "writes the recoveries (e.g. http://HOST:8001/v1 of 'vllm serve Qwen/Qwen3.5-397B-A17B --served-model-name" \
+       "teacher'; docs/REPRODUCING.md, the 9B run). Nothing was started." >&2
+  exit 2
+fi
+
 T0=$SECONDS
 echo "ReTerm run_all: recipe $RECIPE, size $SIZE, run folder $RUN"
 
@@ -243,7 +262,7 @@ fi
 
 # 3. SFT cold start on the recovery dataset (LoRA on the CPU; the checkpoint + merged/ for the harness)
 WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
-  --output_dir "$RUN/sft" "${SFT_SIZE[@]}"
+  --output_dir "$RUN/sft" "${TRAIN_FLAGS[@]}" "${SFT_SIZE[@]}"
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
 
 # 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states)
@@ -257,10 +276,10 @@ fi
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
-  "${GRPO_SIZE[@]}"
+  "${TRAIN_FLAGS[@]}" "${GRPO_SIZE[@]}"
 WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
-  "${GRPO_SIZE[@]}"
+  "${TRAIN_FLAGS[@]}" "${GRPO_SIZE[@]}"
 
 # 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)
 if [ "$RECIPE" = smollm2-135m ]; then
