@@ -97,3 +97,15 @@ def test_9b_run_without_a_teacher_stops_before_anything_starts(tmp_path):
                        env={**os.environ, "RETERM_TEACHER_URL": ""})  # fmt: skip
     assert r.returncode == 2 and "needs RETERM_TEACHER_URL" in r.stderr
     assert not (run / "stages").exists() and not (run / "logs").exists()  # no stage ran, not even setup
+
+
+def test_9b_grpo_micro_batch_fits_80gb_by_the_documented_arithmetic():
+    # the recipe's own command (run_all's grpo stage) fits; the earlier micro-batch of 8 attempts would not
+    script = ["train/grpo.py", "--config", "train/recipes/qwen3.5-9b/grpo.yaml"]
+    assert "~63 GB per GPU" in check_recipe.check_grpo_memory(script)
+    with pytest.raises(ValueError, match="> 80 GB"):
+        check_recipe.check_grpo_memory([*script, "--per_device_train_batch_size", "8"])
+    args = check_recipe.training_args_of(script)
+    # 256 attempts per optimiser step on 8 GPUs, whole groups on each process
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == 256
+    assert (args.per_device_train_batch_size * args.gradient_accumulation_steps) % args.num_generations == 0

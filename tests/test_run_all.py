@@ -369,6 +369,9 @@ def test_check_9b_recipe_passes_without_gpus(tmp_path):
     assert "[miss] DAYTONA_API_KEY: not set" in out and "0 failures" in out
     assert "accelerate launch --config_file train/accelerate_configs/fsdp2.yaml train/grpo.py" in out
     assert "[grpo]" in out and "[eval]" in out  # the composed stage commands were printed
+    # the saved checkpoint is text-only Qwen3.5 (docs/REPRODUCING.md, "The checkpoints' architecture")
+    cfg = json.loads((tmp_path / "q" / "check" / "sft-check" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
 
 
 def test_vllm_comes_from_the_projects_environment(tmp_path, monkeypatch):

@@ -364,6 +364,66 @@ def check_launch(launcher: list[str], script_argv: list[str]) -> str | tuple[str
     return detail
 
 
+# Qwen3.5-9B's text model as the arithmetic below assumes it (transformers 5.24's Qwen3_5TextConfig defaults;
+# compare with the checkpoint's config.json): parameters, hidden size, layers, MLP width, vocabulary
+QWEN35_9B = {"params": 9.0e9, "hidden": 4096, "layers": 32, "intermediate": 12288, "vocab": 248320}
+GPU_GB = 80.0
+
+
+def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8,
+                       model: dict[str, float] | None = None) -> dict[str, float]:
+    """Per-GPU memory (GB, 1e9 bytes) of one GRPO micro-batch at the recipe's longest sequence, ZeRO-3 over
+    ``n_gpus`` with a colocated vLLM engine. An estimate, written out in docs/REPRODUCING.md (the 9B run):
+
+    - ZeRO-3 states: bf16 weights + bf16 gradients + fp32 master weights + two fp32 Adam moments =
+      16 bytes a parameter, sharded over the GPUs;
+    - vLLM: ``vllm_gpu_memory_utilization`` x 80 GB (its own bf16 copy of the weights and the KV cache);
+    - checkpointed activations: one bf16 hidden state a token a layer (``activation_checkpointing``, else
+      ~34 values a token a hidden unit a layer, the usual transformer estimate);
+    - the recomputed layer in the backward pass: the MLP's three ``intermediate``-wide bf16 tensors a token;
+    - logits: none are materialised for the batch (TRL 1.16 scores through ``add_fused_lm_head``: the LM
+      head runs in tiles over the positions with a label); 2 GB are kept for a tile and its gradient;
+    - 4 GB for the CUDA context, NCCL buffers, ZeRO-3's gathered layers and fragmentation.
+
+    Every term is per sequence times ``per_device_train_batch_size``, at ``max_state_prompt_tokens +
+    max_completion_length`` tokens (capped by ``vllm_max_model_length``).
+    """
+    m = model or QWEN35_9B
+    b = args.per_device_train_batch_size
+    seq = (args.max_state_prompt_tokens or 0) + args.max_completion_length
+    if getattr(args, "vllm_max_model_length", None):
+        seq = min(seq, args.vllm_max_model_length)
+    per_token_layer = 2 * m["hidden"] if args.activation_checkpointing else 34 * m["hidden"]
+    out = {
+        "zero3 states": 16 * m["params"] / n_gpus / 1e9,
+        "vllm": (args.vllm_gpu_memory_utilization if use_vllm else 0.0) * GPU_GB,
+        "activations": b * seq * m["layers"] * per_token_layer / 1e9,
+        "recomputed layer": b * seq * 3 * m["intermediate"] * 2 / 1e9,
+        "logit tiles": 2.0,
+        "overhead": 4.0,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def check_grpo_memory(script_argv: list[str]) -> str:
+    """:func:`grpo_gpu_memory_gb` of a GRPO command's arguments; raises ``ValueError`` above 80 GB."""
+    import yaml
+
+    args = training_args_of(script_argv)  # read with use_vllm off (no vLLM here): the recipe says whether it is on
+    recipe = yaml.safe_load((REPO / script_argv[script_argv.index("--config") + 1]).read_text()) or {}
+    flags = [script_argv[i + 1] for i, x in enumerate(script_argv[:-1]) if x == "--use_vllm"]
+    use_vllm = str(flags[-1]).lower() == "true" if flags else bool(recipe.get("use_vllm", False))
+    est = grpo_gpu_memory_gb(args, use_vllm)
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total")
+    msg = (f"micro-batch {args.per_device_train_batch_size} x {args.max_state_prompt_tokens} + "
+           f"{args.max_completion_length} tokens: ~{est['total']:.0f} GB per GPU ({parts})")  # fmt: skip
+    if est["total"] > GPU_GB:
+        raise ValueError(msg + f" > {GPU_GB:.0f} GB: lower per_device_train_batch_size (raise "
+                         "gradient_accumulation_steps to keep the groups per step)")  # fmt: skip
+    return msg
+
+
 # ---------------------------------------------------------------------------- 5. machine, secrets
 def _probe(url: str, timeout_s: float = 3.0) -> str | None:
     """``None`` when ``GET url/models`` answers, else why not."""
@@ -504,6 +564,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"     $ {shlex.join(argv)}")
             c.run("launch", f"{cfg.name} {stage}", lambda la=launcher, sc=script: check_launch(la, sc))
+    if a.recipe == "qwen3.5-9b":
+        for stage in ("grpo", "grpo-standard"):
+            if "launcher" in plan.get(stage, {}):
+                _, script = split_launcher(plan[stage]["command"])
+                c.run("memory", f"{stage} on 80 GB GPUs (estimate)", lambda sc=script: check_grpo_memory(sc))
 
     print("== 5. GPU machine, credentials and endpoints (reported; not failures here)")
     c.add("machine", "GPUs", *gpus())
