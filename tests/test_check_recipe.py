@@ -105,7 +105,48 @@ def test_9b_grpo_micro_batch_fits_80gb_by_the_documented_arithmetic():
     assert "~63 GB per GPU" in check_recipe.check_grpo_memory(script)
     with pytest.raises(ValueError, match="> 80 GB"):
         check_recipe.check_grpo_memory([*script, "--per_device_train_batch_size", "8"])
+    # with fsdp2, run_all turns the trainer's activation checkpointing off: FSDP's counts the same
+    fsdp = _dry_run(REPO / "runs" / "unused", ACCELERATE_CONFIG="fsdp2")["grpo"]
+    launcher, fsdp_script = check_recipe.split_launcher(fsdp)
+    assert "~63 GB per GPU" in check_recipe.check_grpo_memory(fsdp_script, launcher)
+    with pytest.raises(ValueError, match="> 80 GB"):  # without any checkpointing it would not fit
+        check_recipe.check_grpo_memory(fsdp_script)
     args = check_recipe.training_args_of(script)
     # 256 attempts per optimiser step on 8 GPUs, whole groups on each process
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 8 == 256
     assert (args.per_device_train_batch_size * args.gradient_accumulation_steps) % args.num_generations == 0
+
+
+def test_thinking_is_one_setting_that_reaches_every_9b_stage(tmp_path):
+    plan = _plan(tmp_path / "r")
+    recipes = REPO / "train" / "recipes" / "qwen3.5-9b"
+    assert "enable_thinking false" in check_recipe.check_thinking(recipes, plan)
+    # a stage that lost the flag (run_all before this) is found
+    broken = json.loads(json.dumps(plan))
+    broken["grpo"]["command"] = [a for a in broken["grpo"]["command"] if "enable_thinking" not in a]
+    with pytest.raises(ValueError, match="grpo command does not pass"):
+        check_recipe.check_thinking(recipes, broken)
+    broken = json.loads(json.dumps(plan))
+    broken["eval"]["servers"] = [a for a in broken["eval"]["servers"] if a not in ("--enable-thinking", "false")]
+    with pytest.raises(ValueError, match="eval vLLM servers"):
+        check_recipe.check_thinking(recipes, broken)
+
+
+def test_pinned_template_overrides_what_a_caller_passes():
+    from transformers import AutoTokenizer
+
+    from reterm.tiny_qwen import build_tiny_qwen3_5
+    from reterm.training.thinking import pin_thinking, pinned_value
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen3_5())
+    msgs = [{"role": "user", "content": "hi"}]
+    open_think = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert open_think.endswith("<think>\n")  # Qwen3.5 thinks by default
+    pinned = pin_thinking(tok.chat_template, False)
+    assert pinned_value(pinned) is False and pinned_value(pin_thinking(pinned, True)) is True
+    for passed in ({}, {"enable_thinking": True}):  # the harness sends nothing, or asks for thinking
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, chat_template=pinned,
+                                       **passed)
+        assert text.endswith("<think>\n\n</think>\n\n"), passed
+    with pytest.raises(ValueError, match="does not read enable_thinking"):
+        pin_thinking("{{ messages }}", False)

@@ -372,6 +372,9 @@ def test_check_9b_recipe_passes_without_gpus(tmp_path):
     # the saved checkpoint is text-only Qwen3.5 (docs/REPRODUCING.md, "The checkpoints' architecture")
     cfg = json.loads((tmp_path / "q" / "check" / "sft-check" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
+    # the recipe's enable_thinking: false is pinned in the saved template (what vLLM serves from it)
+    template = (tmp_path / "q" / "check" / "sft-check" / "chat_template.jinja").read_text()
+    assert template.startswith("{%- set enable_thinking = false %}\n")
 
 
 def test_vllm_comes_from_the_projects_environment(tmp_path, monkeypatch):

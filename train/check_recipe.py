@@ -370,8 +370,8 @@ QWEN35_9B = {"params": 9.0e9, "hidden": 4096, "layers": 32, "intermediate": 1228
 GPU_GB = 80.0
 
 
-def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8,
-                       model: dict[str, float] | None = None) -> dict[str, float]:
+def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8, model: dict[str, float] | None = None,
+                       checkpointing: bool | None = None) -> dict[str, float]:
     """Per-GPU memory (GB, 1e9 bytes) of one GRPO micro-batch at the recipe's longest sequence, ZeRO-3 over
     ``n_gpus`` with a colocated vLLM engine. An estimate, written out in docs/REPRODUCING.md (the 9B run):
 
@@ -386,14 +386,17 @@ def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8,
     - 4 GB for the CUDA context, NCCL buffers, ZeRO-3's gathered layers and fragmentation.
 
     Every term is per sequence times ``per_device_train_batch_size``, at ``max_state_prompt_tokens +
-    max_completion_length`` tokens (capped by ``vllm_max_model_length``).
+    max_completion_length`` tokens (capped by ``vllm_max_model_length``). ``checkpointing`` (default: the
+    trainer's ``activation_checkpointing``) is true too when FSDP checkpoints the activations instead.
     """
     m = model or QWEN35_9B
     b = args.per_device_train_batch_size
     seq = (args.max_state_prompt_tokens or 0) + args.max_completion_length
     if getattr(args, "vllm_max_model_length", None):
         seq = min(seq, args.vllm_max_model_length)
-    per_token_layer = 2 * m["hidden"] if args.activation_checkpointing else 34 * m["hidden"]
+    if checkpointing is None:
+        checkpointing = bool(args.activation_checkpointing)
+    per_token_layer = 2 * m["hidden"] if checkpointing else 34 * m["hidden"]
     out = {
         "zero3 states": 16 * m["params"] / n_gpus / 1e9,
         "vllm": (args.vllm_gpu_memory_utilization if use_vllm else 0.0) * GPU_GB,
@@ -406,15 +409,21 @@ def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8,
     return out
 
 
-def check_grpo_memory(script_argv: list[str]) -> str:
-    """:func:`grpo_gpu_memory_gb` of a GRPO command's arguments; raises ``ValueError`` above 80 GB."""
+def check_grpo_memory(script_argv: list[str], launcher: list[str] | None = None) -> str:
+    """:func:`grpo_gpu_memory_gb` of a GRPO command's arguments (activation checkpointing by the trainer or
+    by the launcher's FSDP config); raises ``ValueError`` above 80 GB."""
     import yaml
+
+    fsdp_ac = False
+    if launcher and "--config_file" in launcher:
+        acc = yaml.safe_load((REPO / launcher[launcher.index("--config_file") + 1]).read_text()) or {}
+        fsdp_ac = bool((acc.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))
 
     args = training_args_of(script_argv)  # read with use_vllm off (no vLLM here): the recipe says whether it is on
     recipe = yaml.safe_load((REPO / script_argv[script_argv.index("--config") + 1]).read_text()) or {}
     flags = [script_argv[i + 1] for i, x in enumerate(script_argv[:-1]) if x == "--use_vllm"]
     use_vllm = str(flags[-1]).lower() == "true" if flags else bool(recipe.get("use_vllm", False))
-    est = grpo_gpu_memory_gb(args, use_vllm)
+    est = grpo_gpu_memory_gb(args, use_vllm, checkpointing=bool(args.activation_checkpointing) or fsdp_ac)
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total")
     msg = (f"micro-batch {args.per_device_train_batch_size} x {args.max_state_prompt_tokens} + "
            f"{args.max_completion_length} tokens: ~{est['total']:.0f} GB per GPU ({parts})")  # fmt: skip
@@ -422,6 +431,38 @@ def check_grpo_memory(script_argv: list[str]) -> str:
         raise ValueError(msg + f" > {GPU_GB:.0f} GB: lower per_device_train_batch_size (raise "
                          "gradient_accumulation_steps to keep the groups per step)")  # fmt: skip
     return msg
+
+
+def check_thinking(recipes: Path, plan: dict[str, dict[str, Any]]) -> str:
+    """Thinking on or off is one setting (``enable_thinking`` of the SFT recipe): the GRPO recipe agrees with
+    it and run_all's data, GRPO and serving commands carry it. Raises ``ValueError`` naming the disagreement."""
+    import yaml
+
+    sft = yaml.safe_load((recipes / "sft.yaml").read_text()) or {}
+    value = sft.get("enable_thinking")
+    if not isinstance(value, bool):
+        raise ValueError(f"{recipes / 'sft.yaml'}: enable_thinking must be true or false, not {value!r}")
+    grpo = yaml.safe_load((recipes / "grpo.yaml").read_text()) or {}
+    g = (grpo.get("chat_template_kwargs") or {}).get("enable_thinking")
+    if g is not None and g != value:
+        raise ValueError(f"{recipes / 'grpo.yaml'}: chat_template_kwargs.enable_thinking {g} but sft.yaml says {value}")
+    word = "true" if value else "false"
+    want = {
+        "data": f'"enable_thinking": {word}',
+        "grpo": f'{{"enable_thinking": {word}}}',
+        "grpo-standard": f'{{"enable_thinking": {word}}}',
+    }
+    for stage, needle in want.items():
+        cmd = plan.get(stage, {}).get("command", [])
+        if not any(needle in arg for arg in cmd):
+            raise ValueError(f"run_all's {stage} command does not pass enable_thinking {word}")
+    for stage, entry in plan.items():
+        wrapper = entry.get("servers") or []
+        pinned = wrapper[wrapper.index("--enable-thinking") + 1] if "--enable-thinking" in wrapper else None
+        if wrapper and pinned != word:
+            raise ValueError(f"run_all's {stage} vLLM servers do not pin enable_thinking {word}")
+    return (f"enable_thinking {word} (sft.yaml) reaches the data stage's requests, both GRPO runs, the saved "
+            "templates and every vLLM server's template")
 
 
 # ---------------------------------------------------------------------------- 5. machine, secrets
@@ -539,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
         if "servers" in entry:
             c.run("servers", f"{stage}: vLLM servers on 8 GPUs", lambda w=entry["servers"]: check_servers(w))
 
+    if a.recipe == "qwen3.5-9b":
+        c.run("configs", "thinking: one setting for every stage", lambda: check_thinking(recipes, plan))
+
     print("== 3. run_all's training commands take one step on the tiny Qwen3.5 (launcher -> python, + --check)")
     if a.skip_steps:
         c.add("steps", "one-step checks", "WARN", "skipped (--skip-steps)")
@@ -567,8 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.recipe == "qwen3.5-9b":
         for stage in ("grpo", "grpo-standard"):
             if "launcher" in plan.get(stage, {}):
-                _, script = split_launcher(plan[stage]["command"])
-                c.run("memory", f"{stage} on 80 GB GPUs (estimate)", lambda sc=script: check_grpo_memory(sc))
+                launcher, script = split_launcher(plan[stage]["command"])
+                c.run("memory", f"{stage} on 80 GB GPUs (estimate)",
+                      lambda sc=script, la=launcher: check_grpo_memory(sc, la))
 
     print("== 5. GPU machine, credentials and endpoints (reported; not failures here)")
     c.add("machine", "GPUs", *gpus())

@@ -127,6 +127,7 @@ stage() {
 # What differs between the embedded default and the 9B run. Everything else is in the recipe files.
 RECIPES=train/recipes/$RECIPE
 TRAIN_FLAGS=()   # flags every trainer command gets (the launcher's needs)
+GRPO_FLAGS=()    # flags both GRPO commands get (the recipe's thinking setting)
 case "$RECIPE" in
   smollm2-135m)   # CPU, minutes: SmolLM2-135M-Instruct (PyPI wheel), the local bubblewrap sandbox
     DATA_CONFIG=pipeline/configs/smoke.yaml
@@ -150,11 +151,17 @@ case "$RECIPE" in
     fi
     BASE_MODEL=Qwen/Qwen3.5-9B
     DATA_NAME=ReTerm-10K; MODEL_NAME=ReTerm-9B
-    VLLM=("$PY" train/stages.py with-vllm --log-dir "$RUN/logs/vllm")
+    # thinking on or off: ONE setting, the SFT recipe's enable_thinking, applied to every stage: the data
+    # stage's policy requests, GRPO's chat template, the saved checkpoints' templates (train/sft.py and
+    # train/grpo.py pin it) and every vLLM server's template (the evaluation's harnesses included)
+    THINKING=$(sed -n 's/^enable_thinking:[[:space:]]*\(true\|false\).*/\1/p' "$RECIPES/sft.yaml")
+    [ -n "$THINKING" ] || { echo "run_all.sh: $RECIPES/sft.yaml: enable_thinking must be true or false" >&2; exit 2; }
+    GRPO_FLAGS=(--chat_template_kwargs "{\"enable_thinking\": $THINKING}")
+    VLLM=("$PY" train/stages.py with-vllm --log-dir "$RUN/logs/vllm" --enable-thinking "$THINKING")
     VLLM_ARGS=(${RETERM_VLLM_ARGS:---enable-auto-tool-choice --tool-call-parser qwen3_coder --max-model-len 65536})
     VLLM_ARGS=("${VLLM_ARGS[@]/#/--vllm-arg=}")
     # the data pipeline's policy: an existing server (RETERM_POLICY_URL) or a vLLM server started here
-    DATA_ENDPOINTS=()
+    DATA_ENDPOINTS=(--set "rollout.policy_kwargs.extra_body={\"chat_template_kwargs\": {\"enable_thinking\": $THINKING}}")
     if [ -n "${RETERM_POLICY_URL:-}" ]; then DATA_WRAP=(); DATA_ENDPOINTS+=(--set "rollout.policy_kwargs.base_url=$RETERM_POLICY_URL")
     else DATA_WRAP=("${VLLM[@]}" --serve "qwen3.5-9b=$BASE_MODEL@8000" "${VLLM_ARGS[@]}" --); fi
     # the teacher that writes the recoveries (and judges unclear failures): a stronger model's endpoint
@@ -276,10 +283,10 @@ fi
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
-  "${TRAIN_FLAGS[@]}" "${GRPO_SIZE[@]}"
+  "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
-  "${TRAIN_FLAGS[@]}" "${GRPO_SIZE[@]}"
+  "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 
 # 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)
 if [ "$RECIPE" = smollm2-135m ]; then

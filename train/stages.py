@@ -596,11 +596,33 @@ def vllm_commands(serves: list[tuple[str, str, int]], n_gpus: int, extra: list[s
     return out
 
 
+def served_chat_template(checkpoint: str, enable_thinking: bool, out: Path) -> Path:
+    """The checkpoint's chat template with ``enable_thinking`` pinned (:mod:`reterm.training.thinking`),
+    written to ``out`` for ``vllm serve --chat-template``: every request then gets the recipe's setting,
+    whatever the harness sends (Terminus-2 through LiteLLM sends none). ``checkpoint`` is a folder or a Hub
+    id (read with transformers' ``AutoTokenizer``, so a Hub id needs the network or the local cache).
+
+    Raises:
+        ValueError: the checkpoint has no chat template, or one that does not read ``enable_thinking``.
+    """
+    from transformers import AutoTokenizer
+
+    from reterm.training.thinking import pin_thinking
+
+    template = AutoTokenizer.from_pretrained(checkpoint).chat_template
+    if not isinstance(template, str):
+        raise ValueError(f"{checkpoint}: no (single) chat template to pin enable_thinking in")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(pin_thinking(template, enable_thinking))
+    return out
+
+
 def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: Path, timeout_s: float = 1800,
-              tensor_parallel: int = 1) -> int:
+              tensor_parallel: int = 1, enable_thinking: bool | None = None) -> int:
     """Start one ``vllm serve`` per ``NAME=CHECKPOINT@PORT`` (logs in ``log_dir``), wait until each answers
     ``/v1/models``, run ``command``, then stop the servers. Returns the command's exit status (1 when a
-    server fails to come up)."""
+    server fails to come up). ``enable_thinking`` (the recipe's setting) is pinned in each server's chat
+    template (:func:`served_chat_template`); ``None`` leaves the checkpoints' templates as they are."""
     import urllib.request
 
     parsed = [parse_serve(s) for s in serves]
@@ -608,7 +630,9 @@ def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for cmd, devices in vllm_commands(parsed, gpu_count(), extra, tensor_parallel):
+        for (name, ckpt, _), (cmd, devices) in zip(parsed, vllm_commands(parsed, gpu_count(), extra, tensor_parallel)):
+            if enable_thinking is not None:
+                cmd += ["--chat-template", str(served_chat_template(ckpt, enable_thinking, log_dir / f"{name}.jinja"))]
             log = open(log_dir / f"{cmd[4]}.log", "ab")
             print(f"[vllm] CUDA_VISIBLE_DEVICES={devices} {' '.join(cmd)}  (log {log.name})", flush=True)
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -690,6 +714,8 @@ def make_parser() -> argparse.ArgumentParser:
     v.add_argument("--vllm-arg", action="append", default=[], help="extra argument of every `vllm serve`")
     v.add_argument("--log-dir", type=Path, default=Path("vllm-logs"), help="where the servers' logs go")
     v.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the servers to answer")
+    v.add_argument("--enable-thinking", choices=["true", "false"],
+                   help="pin the chat template's enable_thinking of every server (the recipe's one setting)")
     v.add_argument("--tensor-parallel", type=int, default=1,
                    help="GPUs per model replica (default 1: a 9B fits one GPU; the rest are data-parallel replicas)")
     s = sub.add_parser("summary", help="the final table, plots and timings")
@@ -731,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "cards":
             return cards(a.run_dir, a.dataset_repo, a.model_repo, a.space_repo, a.base_model, a.publish)
         if a.cmd == "with-vllm":
-            return with_vllm(a.serve, command, a.vllm_arg, a.log_dir, a.timeout, a.tensor_parallel)
+            thinking = None if a.enable_thinking is None else a.enable_thinking == "true"
+            return with_vllm(a.serve, command, a.vllm_arg, a.log_dir, a.timeout, a.tensor_parallel, thinking)
         return summary(a.run_dir, a.stages.split())
     except (ValueError, OSError) as exc:
         print(f"train/stages.py {a.cmd}: error: {exc}", file=sys.stderr)
