@@ -225,3 +225,21 @@ def test_run_verifier_standalone():
 
     before, after = run(body())
     assert (before.reward, after.reward) == (0.0, 1.0) and after.error is None and after.duration_s > 0
+
+
+def test_bash_tool_set_ends_an_attempt_with_a_reply_without_a_tool_call():
+    from reterm.agent.protocol import SYSTEM_PROMPT, system_prompt, tool_set
+
+    bash_only = tool_set("bash")
+    replies = iter([bash_call(SOLVE), '<tool_call>{"name": "submit"}</tool_call>', "Done: the file is written."])
+    traj = run(_episode(ScriptedPolicy(lambda messages: next(replies)), tools=bash_only))
+    # the release's protocol: submit is not a tool here, and plain text ends the attempt (then the verifier)
+    assert [s.parse_error for s in traj.steps] == [None, "unknown_tool", None]
+    assert traj.stop_reason == "submitted" and traj.outcome is Outcome.SUCCESS
+    assert not traj.steps[-1].observation and traj.steps[-1].action is None
+    assert "submit" not in traj.system_prompt and "reply without calling a tool" in traj.system_prompt
+    assert traj.system_prompt == system_prompt(bash_only) != SYSTEM_PROMPT
+    # the kit's default keeps submit: plain text is a parse error there
+    replies = iter(["Done.", bash_call(SOLVE), '<tool_call>{"name": "submit"}</tool_call>'])
+    traj = run(_episode(ScriptedPolicy(lambda messages: next(replies))))
+    assert traj.steps[0].parse_error == "no_tool_call" and traj.system_prompt == SYSTEM_PROMPT

@@ -249,13 +249,20 @@ def test_effective_recipe_applies_command_line_overrides(tmp_path):
     assert yaml.safe_load((tmp_path / "grpo.yaml").read_text()) == data
 
 
-def test_vllm_commands_split_gpus():
-    cmds = stages.vllm_commands([("a", "ck/a", 8000), ("b", "ck/b", 8001)], 8, ["--max-model-len", "4096"])
+def test_vllm_commands_split_gpus_into_replicas():
+    # a 9B fits one GPU: each server's share of the GPUs becomes data-parallel replicas, not tensor parallel
+    cmds = stages.vllm_commands([("a", "ck/a", 8000), ("b", "ck/b", 8001)], 8, ["--max-model-len", "4096"],
+                                binary="vllm")
     assert cmds[0] == (["vllm", "serve", "ck/a", "--served-model-name", "a", "--port", "8000",
-                        "--tensor-parallel-size", "4", "--max-model-len", "4096"], "0,1,2,3")  # fmt: skip
+                        "--tensor-parallel-size", "1", "--data-parallel-size", "4", "--max-model-len", "4096"],
+                       "0,1,2,3")  # fmt: skip
     assert cmds[1][1] == "4,5,6,7"
+    one = stages.vllm_commands([("p", "ck/p", 8000)], 8, [], binary="vllm")[0][0]
+    assert one[one.index("--data-parallel-size") + 1] == "8" and one[one.index("--tensor-parallel-size") + 1] == "1"
+    tp2 = stages.vllm_commands([("p", "ck/p", 8000)], 8, [], tensor_parallel=2, binary="vllm")[0][0]
+    assert tp2[tp2.index("--data-parallel-size") + 1] == "4" and tp2[tp2.index("--tensor-parallel-size") + 1] == "2"
     with pytest.raises(ValueError, match="at least 2 GPUs"):
-        stages.vllm_commands([("a", "x", 1), ("b", "y", 2)], 1, [])
+        stages.vllm_commands([("a", "x", 1), ("b", "y", 2)], 1, [], binary="vllm")
     with pytest.raises(ValueError, match="NAME=CHECKPOINT@PORT"):
         stages.parse_serve("no-port")
 
@@ -365,8 +372,25 @@ def test_check_9b_recipe_passes_without_gpus(tmp_path):
     r = _run_all("--recipe", "qwen3.5-9b", "--check", "--run-dir", str(tmp_path / "q"), timeout=1700, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
-    assert "[ok  ] SFT: tiny Qwen3.5, 1 step" in out
-    assert "[ok  ] ReTerm-GRPO: tiny Qwen3.5, 1 step" in out and "[ok  ] standard GRPO: tiny Qwen3.5, 1 step" in out
+    assert "[ok  ] sft: tiny Qwen3.5, 1 step" in out
+    assert "[ok  ] grpo: tiny Qwen3.5, 1 step" in out and "[ok  ] grpo-standard: tiny Qwen3.5, 1 step" in out
     assert "[miss] DAYTONA_API_KEY: not set" in out and "0 failures" in out
     assert "accelerate launch --config_file train/accelerate_configs/fsdp2.yaml train/grpo.py" in out
     assert "[grpo]" in out and "[eval]" in out  # the composed stage commands were printed
+    # the saved checkpoint is text-only Qwen3.5 (docs/REPRODUCING.md, "The checkpoints' architecture")
+    cfg = json.loads((tmp_path / "q" / "check" / "sft-check" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
+    # the recipe's enable_thinking: false is pinned in the saved template (what vLLM serves from it)
+    template = (tmp_path / "q" / "check" / "sft-check" / "chat_template.jinja").read_text()
+    assert template.startswith("{%- set enable_thinking = false %}\n")
+
+
+def test_vllm_comes_from_the_projects_environment(tmp_path, monkeypatch):
+    # the servers are started from the environment's bin/ (like .venv/bin/accelerate), never from PATH
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    monkeypatch.setattr(sys, "executable", str(fake / "python"))
+    with pytest.raises(FileNotFoundError, match="vLLM is not installed in this environment"):
+        stages.vllm_commands([("p", "ck/p", 8000)], 8, [])
+    (fake / "vllm").write_text("#!/bin/sh\n")
+    assert stages.vllm_commands([("p", "ck/p", 8000)], 8, [])[0][0][0] == str(fake / "vllm")

@@ -1,27 +1,34 @@
 """``bash train/run_all.sh --recipe NAME --check``: validate a recipe's whole chain on a machine without GPUs.
 
-    python train/check_recipe.py --recipe qwen3.5-9b [--run-dir runs/qwen3.5-9b/check] [--skip-steps]
+    python train/check_recipe.py --recipe qwen3.5-9b [--run-dir runs/qwen3.5-9b/check] [--skip-steps] [--plan]
 
-What it checks, in order (each line says OK, WARN, MISSING or FAIL):
+It checks **the commands run_all runs**, not its own: the stage commands come from ``bash train/run_all.sh
+--recipe NAME --run-dir RUN --dry-run`` (:func:`composed_commands`, with the environment run_all reads:
+``ACCELERATE_CONFIG``, ``RETERM_POLICY_URL``, ``RETERM_TEACHER_URL``), and :func:`check_plan` turns each into
+its check with only the model swapped for the tiny Qwen3.5 (the training scripts' ``--check``) and the
+devices for the CPU (one plain ``python`` process instead of ``accelerate launch``); ``--plan`` prints that
+plan as JSON and exits. What it checks, in order (each line says OK, WARN, MISSING or FAIL):
 
 1. **Recipes parse**: every YAML of ``train/recipes/NAME/`` through the training script's own ``TrlParser``
    (``train/sft.py`` for ``sft*.yaml``, ``train/grpo.py`` for ``grpo*.yaml``: unknown keys fail), read with
    the CPU-safe values a GPU recipe needs here (``bf16``/``fp16``/``tf32`` off, ``use_cpu``, no vLLM).
-2. **Pipeline and eval configs load**: the recipe's pipeline config (:func:`reterm.data.config.load_config`),
-   its endpoint policies are constructed (no request is sent), and every eval config the recipe uses
-   (:func:`reterm.eval.run.load_config`) is turned into Harbor ``JobConfig``s, one per model; a registry dataset
-   that cannot be reached is a WARN (offline machines use a local copy: ``-p DIR``).
-3. **Trainers build and take one step** on the tiny Qwen3.5 with the recipes' own code path: the scripts'
-   ``--check`` (``train/sft.py --check``, ``train/grpo.py --check`` for ReTerm-GRPO and for the standard
-   baseline); outputs under ``--run-dir``; ``--skip-steps`` leaves this out.
-4. **Launch commands compose**: for every ``train/accelerate_configs/*.yaml``, ``accelerate launch
-   --config_file CONFIG train/sft.py ...`` (and ``train/grpo.py``) is parsed by accelerate's own launch parser
-   and its config merge (accelerate's ``_validate_launch_command``; accelerate has no public dry run), and
-   the command is printed. DeepSpeed itself is needed only on the GPU machine (reported if missing).
+2. **Pipeline and eval configs load**, as the data and eval stages' commands name them (the data stage's
+   ``--set`` overrides applied): :func:`reterm.data.config.load_config`, its endpoint policies constructed
+   (no request is sent); the eval config turned into Harbor ``JobConfig``s, one per model; a registry
+   dataset that cannot be reached is a WARN (offline machines use a local copy: ``-p DIR``). The vLLM
+   servers a stage starts (``train/stages.py with-vllm``) are laid out for 8 GPUs and printed.
+3. **Trainers build and take one step** on the tiny Qwen3.5: each training stage's command line as run_all
+   composes it, launcher removed, ``--check`` appended (outputs under ``--run-dir``); ``--skip-steps``
+   leaves this out.
+4. **Launch commands compose**: for every ``train/accelerate_configs/*.yaml``, the training commands run_all
+   composes with ``ACCELERATE_CONFIG`` set to it are parsed by accelerate's own launch parser and config
+   merge (accelerate's ``_validate_launch_command``; accelerate has no public dry run), and the settings the
+   Trainer would refuse at construction are found here (:func:`check_launch`: FSDP's activation
+   checkpointing together with the trainer's). DeepSpeed itself is needed only on the GPU machine.
 5. **GPU machine and credentials** (reported, never a failure here): GPUs, ``vllm``/``deepspeed``
-   importable, ``HF_TOKEN`` (or a ``hf auth login`` token), ``HUB_ORG``, ``DAYTONA_API_KEY``, the policy
-   and teacher endpoints (``RETERM_POLICY_URL``, ``RETERM_TEACHER_URL``, else the configs' URLs, probed with
-   ``GET /models``). Secrets are never printed: only whether they are set.
+   importable and ``vllm`` in this environment's ``bin/``, ``HF_TOKEN`` (or a ``hf auth login`` token),
+   ``HUB_ORG``, ``DAYTONA_API_KEY``, the policy and teacher endpoints (``RETERM_POLICY_URL``,
+   ``RETERM_TEACHER_URL``, else the configs' URLs, probed with ``GET /models``). Secrets are never printed.
 
 Exit status: 1 when a FAIL was found (a config that does not parse, a trainer that does not build or step,
 a launch command that does not compose), else 0; WARN and MISSING (credentials, GPUs, network) do not fail.
@@ -32,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -43,13 +52,9 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "train"))
 
-# The configs each recipe's run uses besides its training recipes (keep in step with train/run_all.sh).
-RECIPE_CONFIGS = {
-    "smollm2-135m": {"pipeline": "pipeline/configs/smoke.yaml", "eval": ["eval/configs/local.yaml"]},
-    "qwen3.5-9b": {"pipeline": "pipeline/configs/reterm-10k.yaml",
-                   "eval": ["eval/configs/terminal-bench-2.0.yaml", "eval/configs/terminal-bench-2.1.yaml"]},
-}  # fmt: skip
+TRAINING_STAGES = ("sft", "grpo", "grpo-standard")
 CPU_SAFE = ["--bf16", "False", "--fp16", "False", "--tf32", "False", "--use_cpu", "True"]
 
 
@@ -102,6 +107,105 @@ def _load_script(path: Path) -> Any:
     return module
 
 
+# ------------------------------------------------------------------------------ 0. run_all's commands
+def parse_dry_run(text: str) -> dict[str, list[str]]:
+    """The stage commands of ``run_all.sh --dry-run`` output: ``{stage: argv}`` in stage order.
+
+    The format (train/run_all.sh ``stage``): a ``[NAME]`` line, then the command indented by two spaces and
+    shell-quoted (``printf %q``), then optional notes in parentheses.
+    """
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("[") and line.rstrip().endswith("]"):
+            name = line.strip()[1:-1]
+        elif name is not None and line.startswith("  ") and not line.strip().startswith("("):
+            out[name] = shlex.split(line)
+            name = None
+    return out
+
+
+def composed_commands(recipe: str, run_dir: Path, env: dict[str, str] | None = None,
+                      only: list[str] | None = None) -> dict[str, list[str]]:
+    """The stage commands ``bash train/run_all.sh --recipe RECIPE --run-dir RUN_DIR --dry-run`` composes.
+
+    Args:
+        env: variables set on top of this process's environment (e.g. ``{"ACCELERATE_CONFIG": "fsdp2"}``).
+        only: stages to compose (``--only``), default all.
+
+    Raises:
+        RuntimeError: run_all.sh exited non-zero (its stderr is in the message).
+    """
+    cmd = ["bash", "train/run_all.sh", "--recipe", recipe, "--run-dir", str(run_dir), "--dry-run"]
+    for stage in only or []:
+        cmd += ["--only", stage]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    if r.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` exited {r.returncode}: {r.stderr.strip()[-500:]}")
+    return parse_dry_run(r.stdout)
+
+
+def split_launcher(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[accelerate, launch, ..., train/sft.py, ARGS...]`` -> ``(launcher, [train/sft.py, ARGS...])``.
+
+    Raises:
+        ValueError: no ``train/sft.py`` / ``train/grpo.py`` in the command.
+    """
+    for i, arg in enumerate(argv):
+        if arg in ("train/sft.py", "train/grpo.py"):
+            return argv[:i], argv[i:]
+    raise ValueError(f"not a training command (no train/sft.py or train/grpo.py): {' '.join(argv)}")
+
+
+def split_wrapper(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A stage command wrapped in ``train/stages.py with-vllm ... --`` -> ``(wrapper, command)``; an
+    unwrapped command gives ``([], argv)``."""
+    if "with-vllm" in argv and "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return [], argv
+
+
+def check_plan(commands: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """What the check runs for each of run_all's stage commands.
+
+    A training stage (``sft``, ``grpo``, ``grpo-standard``) becomes ``{"run": [python, train/X.py, <the
+    stage's arguments unchanged>, "--check"], "launcher": [...]}``: the same recipe, flags and output folder,
+    the model swapped for the tiny Qwen3.5 by the script's ``--check`` (which also appends ``-check`` to
+    ``output_dir``), one CPU process for the launcher (checked separately, section 4). A stage wrapped in
+    ``with-vllm`` gets ``"servers"`` (its wrapper); ``data`` gets ``"pipeline"`` (config path and ``--set``
+    overrides), ``eval`` gets ``"eval"`` (config path). Other stages are listed with ``"not_run"``.
+    """
+    plan: dict[str, dict[str, Any]] = {}
+    for stage, argv in commands.items():
+        wrapper, inner = split_wrapper(argv)
+        entry: dict[str, Any] = {"command": argv}
+        if wrapper:
+            entry["servers"] = wrapper
+        if stage in TRAINING_STAGES:
+            launcher, script = split_launcher(inner)
+            entry["launcher"] = launcher
+            entry["run"] = [sys.executable, *script, "--check"]
+        elif "pipeline.build" in inner:
+            sets = [inner[i + 1] for i, a in enumerate(inner) if a == "--set"]
+            entry["pipeline"] = {"config": inner[inner.index("--config") + 1], "set": sets}
+        elif "eval.run" in inner:
+            entry["eval"] = {"config": inner[inner.index("--config") + 1]}
+        else:
+            entry["not_run"] = "not a config or training stage (setup ran already; cards and summary need outputs)"
+        plan[stage] = entry
+    return plan
+
+
+def check_servers(wrapper: list[str]) -> str | tuple[str, str]:
+    """The vLLM servers a ``with-vllm`` wrapper starts, laid out for 8 GPUs (train/stages.py's layout)."""
+    import stages  # train/stages.py
+
+    a = stages.make_parser().parse_args(wrapper[wrapper.index("with-vllm"):])
+    cmds = stages.vllm_commands([stages.parse_serve(x) for x in a.serve], 8, a.vllm_arg, binary="vllm")
+    return "; ".join(f"CUDA_VISIBLE_DEVICES={dev} " + " ".join([Path(c[0]).name, *c[1:11]]) for c, dev in cmds)
+
+
 # ------------------------------------------------------------------------------------------ 1. recipes
 def check_recipe_file(path: Path) -> str:
     """Parse one recipe with its script's parser (CPU-safe values); returns a one-line description."""
@@ -120,13 +224,15 @@ def check_recipe_file(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------- 2. pipeline, eval
-def check_pipeline(path: Path) -> str:
-    """Load the pipeline config and construct its endpoint policies (nothing is sent)."""
+def check_pipeline(path: Path, sets: list[str] | None = None) -> str:
+    """Load the pipeline config with the data stage's ``--set`` overrides and construct its endpoint
+    policies (nothing is sent)."""
     from reterm.agent.environments import environment_kind
+    from reterm.data.build import _parse_set
     from reterm.data.config import load_config
     from reterm.policies import load_policy
 
-    cfg = load_config(path)
+    cfg = load_config(path, _parse_set(sets or []))
     built = []
     for role, spec, kwargs in (("rollout", cfg.rollout.policy, cfg.rollout.policy_kwargs),
                                ("recovery", cfg.recovery.policy, cfg.recovery.policy_kwargs),
@@ -170,12 +276,11 @@ def check_eval_dataset(path: Path) -> str | tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------ 3. one step
-def check_step(script: str, recipe: Path, out_dir: Path, extra: list[str], log_dir: Path) -> str:
-    """Run ``train/SCRIPT --config RECIPE --check`` (tiny Qwen3.5, one step) in a subprocess."""
+def check_step(cmd: list[str], out_dir: Path, log_dir: Path) -> str:
+    """Run one training command of the plan (``python train/X.py ... --check``: tiny Qwen3.5, one step) in
+    a subprocess; ``out_dir`` is the command's ``--output_dir`` (the script writes ``OUT_DIR-check``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{out_dir.name}.log"
-    shown = recipe.relative_to(REPO) if recipe.is_relative_to(REPO) else recipe
-    cmd = [sys.executable, f"train/{script}", "--config", str(shown), "--check", "--output_dir", str(out_dir), *extra]
     t0 = time.monotonic()
     with open(log, "w") as fh:
         code = subprocess.call(
@@ -185,37 +290,49 @@ def check_step(script: str, recipe: Path, out_dir: Path, extra: list[str], log_d
     if code != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         raise RuntimeError(f"`{' '.join(cmd[1:])}` exited {code} after {wall:.0f} s; log {log}: " + " | ".join(tail))
-    summary = Path(f"{out_dir}-check") / "training_summary.json"
+    check_out = Path(f"{out_dir}-check")
+    summary = check_out / "training_summary.json"
     if not summary.is_file():
         raise RuntimeError(f"{summary} was not written (log {log})")
-    import json
-
     s = json.loads(summary.read_text())
     if s.get("steps") != 1:
         raise RuntimeError(f"{summary}: {s.get('steps')} steps, expected 1")
-    return f"tiny Qwen3.5, 1 step in {wall:.0f} s ({Path(f'{out_dir}-check').relative_to(REPO) if Path(f'{out_dir}-check').is_relative_to(REPO) else out_dir}-check)"
+    return f"tiny Qwen3.5, 1 step in {wall:.0f} s ({check_out})"
+
+
+def _output_dir(argv: list[str]) -> Path:
+    """The last ``--output_dir`` of a training command (HfArgumentParser keeps the last one)."""
+    idx = [i for i, a in enumerate(argv) if a == "--output_dir"]
+    if not idx:
+        raise ValueError(f"no --output_dir in {' '.join(argv)}")
+    out = Path(argv[idx[-1] + 1])
+    return out if out.is_absolute() else REPO / out
 
 
 # --------------------------------------------------------------------------------- 4. accelerate
-def launch_command(config: Path, script: str, recipe: Path, extra: list[str] | None = None) -> list[str]:
-    """``accelerate launch --config_file CONFIG train/SCRIPT --config RECIPE ...`` as run_all.sh composes it."""
-    return [
-        "accelerate",
-        "launch",
-        "--config_file",
-        str(config),
-        f"train/{script}",
-        "--config",
-        str(recipe),
-        *(extra or []),
-    ]
+def training_args_of(script_argv: list[str]) -> Any:
+    """The training arguments a training command (``[train/X.py, ARGS...]``) gives its trainer, read with the
+    script's own parser (CPU-safe values only for the fields a CPU cannot validate)."""
+    module = _load_script(REPO / script_argv[0])
+    extra = list(CPU_SAFE) + (["--use_vllm", "False"] if script_argv[0].endswith("grpo.py") else [])
+    _, args, _ = module.make_parser().parse_args_and_config([*script_argv[1:], *extra])
+    return args
 
 
-def check_launch(cmd: list[str]) -> str | tuple[str, str]:
-    """Parse a launch command with accelerate's parser and merge its config file (no process starts)."""
+def check_launch(launcher: list[str], script_argv: list[str]) -> str | tuple[str, str]:
+    """Parse ``LAUNCHER train/X.py ARGS`` with accelerate's launch parser and merge its config file (no
+    process starts), then look for settings the Trainer refuses at construction.
+
+    Raises:
+        ValueError: FSDP's activation checkpointing (``fsdp_activation_checkpointing`` of the accelerate
+            config) together with the trainer's ``activation_checkpointing``: transformers' Trainer raises
+            then (``trainer.py``, ``create_accelerator_and_postprocess``: "can't both be set to True"); on
+            8 GPUs that is a crash at start-up, here it is found from the same two settings.
+    """
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    args = launch_command_parser().parse_args(cmd[2:])
+    i = launcher.index("launch")
+    args = launch_command_parser().parse_args([*launcher[i + 1 :], *script_argv])
     args, defaults, _ = _validate_launch_command(args)
     kind = (
         "DeepSpeed" if args.use_deepspeed else "FSDP" if args.use_fsdp else "multi-GPU" if args.multi_gpu else "single"
@@ -224,17 +341,128 @@ def check_launch(cmd: list[str]) -> str | tuple[str, str]:
         f"{kind}, {args.num_processes} processes x {args.num_machines} machine(s), mixed precision "
         f"{args.mixed_precision}"
     )
+    train_args = training_args_of(script_argv)
     if args.use_fsdp:
         from accelerate.utils.launch import prepare_multi_gpu_env
 
         env = prepare_multi_gpu_env(args)
+        fsdp_ac = env.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true"
         detail += f", FSDP v{env.get('FSDP_VERSION', '1')} {env.get('FSDP_AUTO_WRAP_POLICY', '')}"
+        if fsdp_ac and train_args.activation_checkpointing:
+            raise ValueError(
+                "the accelerate config turns on FSDP's activation checkpointing and the command leaves the "
+                "trainer's `activation_checkpointing` on: transformers' Trainer refuses both at construction "
+                "(pass --activation_checkpointing false, as run_all.sh does for such a config)"
+            )
+        detail += ", activation checkpointing by " + ("FSDP" if fsdp_ac else "the trainer" if
+                                                      train_args.activation_checkpointing else "nobody")  # fmt: skip
     if args.use_deepspeed:
         stage = (defaults.deepspeed_config or {}).get("zero_stage")
         detail += f", ZeRO stage {stage}"
         if importlib.util.find_spec("deepspeed") is None:
             return "WARN", detail + "; deepspeed is not installed here (pip install deepspeed on the GPU machine)"
     return detail
+
+
+# Qwen3.5-9B's text model as the arithmetic below assumes it (transformers 5.24's Qwen3_5TextConfig defaults;
+# compare with the checkpoint's config.json): parameters, hidden size, layers, MLP width, vocabulary
+QWEN35_9B = {"params": 9.0e9, "hidden": 4096, "layers": 32, "intermediate": 12288, "vocab": 248320}
+GPU_GB = 80.0
+
+
+def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8, model: dict[str, float] | None = None,
+                       checkpointing: bool | None = None) -> dict[str, float]:
+    """Per-GPU memory (GB, 1e9 bytes) of one GRPO micro-batch at the recipe's longest sequence, ZeRO-3 over
+    ``n_gpus`` with a colocated vLLM engine. An estimate, written out in docs/REPRODUCING.md (the 9B run):
+
+    - ZeRO-3 states: bf16 weights + bf16 gradients + fp32 master weights + two fp32 Adam moments =
+      16 bytes a parameter, sharded over the GPUs;
+    - vLLM: ``vllm_gpu_memory_utilization`` x 80 GB (its own bf16 copy of the weights and the KV cache);
+    - checkpointed activations: one bf16 hidden state a token a layer (``activation_checkpointing``, else
+      ~34 values a token a hidden unit a layer, the usual transformer estimate);
+    - the recomputed layer in the backward pass: the MLP's three ``intermediate``-wide bf16 tensors a token;
+    - logits: none are materialised for the batch (TRL 1.16 scores through ``add_fused_lm_head``: the LM
+      head runs in tiles over the positions with a label); 2 GB are kept for a tile and its gradient;
+    - 4 GB for the CUDA context, NCCL buffers, ZeRO-3's gathered layers and fragmentation.
+
+    Every term is per sequence times ``per_device_train_batch_size``, at ``max_state_prompt_tokens +
+    max_completion_length`` tokens (capped by ``vllm_max_model_length``). ``checkpointing`` (default: the
+    trainer's ``activation_checkpointing``) is true too when FSDP checkpoints the activations instead.
+    """
+    m = model or QWEN35_9B
+    b = args.per_device_train_batch_size
+    seq = (args.max_state_prompt_tokens or 0) + args.max_completion_length
+    if getattr(args, "vllm_max_model_length", None):
+        seq = min(seq, args.vllm_max_model_length)
+    if checkpointing is None:
+        checkpointing = bool(args.activation_checkpointing)
+    per_token_layer = 2 * m["hidden"] if checkpointing else 34 * m["hidden"]
+    out = {
+        "zero3 states": 16 * m["params"] / n_gpus / 1e9,
+        "vllm": (args.vllm_gpu_memory_utilization if use_vllm else 0.0) * GPU_GB,
+        "activations": b * seq * m["layers"] * per_token_layer / 1e9,
+        "recomputed layer": b * seq * 3 * m["intermediate"] * 2 / 1e9,
+        "logit tiles": 2.0,
+        "overhead": 4.0,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def check_grpo_memory(script_argv: list[str], launcher: list[str] | None = None) -> str:
+    """:func:`grpo_gpu_memory_gb` of a GRPO command's arguments (activation checkpointing by the trainer or
+    by the launcher's FSDP config); raises ``ValueError`` above 80 GB."""
+    import yaml
+
+    fsdp_ac = False
+    if launcher and "--config_file" in launcher:
+        acc = yaml.safe_load((REPO / launcher[launcher.index("--config_file") + 1]).read_text()) or {}
+        fsdp_ac = bool((acc.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))
+
+    args = training_args_of(script_argv)  # read with use_vllm off (no vLLM here): the recipe says whether it is on
+    recipe = yaml.safe_load((REPO / script_argv[script_argv.index("--config") + 1]).read_text()) or {}
+    flags = [script_argv[i + 1] for i, x in enumerate(script_argv[:-1]) if x == "--use_vllm"]
+    use_vllm = str(flags[-1]).lower() == "true" if flags else bool(recipe.get("use_vllm", False))
+    est = grpo_gpu_memory_gb(args, use_vllm, checkpointing=bool(args.activation_checkpointing) or fsdp_ac)
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total")
+    msg = (f"micro-batch {args.per_device_train_batch_size} x {args.max_state_prompt_tokens} + "
+           f"{args.max_completion_length} tokens: ~{est['total']:.0f} GB per GPU ({parts})")  # fmt: skip
+    if est["total"] > GPU_GB:
+        raise ValueError(msg + f" > {GPU_GB:.0f} GB: lower per_device_train_batch_size (raise "
+                         "gradient_accumulation_steps to keep the groups per step)")  # fmt: skip
+    return msg
+
+
+def check_thinking(recipes: Path, plan: dict[str, dict[str, Any]]) -> str:
+    """Thinking on or off is one setting (``enable_thinking`` of the SFT recipe): the GRPO recipe agrees with
+    it and run_all's data, GRPO and serving commands carry it. Raises ``ValueError`` naming the disagreement."""
+    import yaml
+
+    sft = yaml.safe_load((recipes / "sft.yaml").read_text()) or {}
+    value = sft.get("enable_thinking")
+    if not isinstance(value, bool):
+        raise ValueError(f"{recipes / 'sft.yaml'}: enable_thinking must be true or false, not {value!r}")
+    grpo = yaml.safe_load((recipes / "grpo.yaml").read_text()) or {}
+    g = (grpo.get("chat_template_kwargs") or {}).get("enable_thinking")
+    if g is not None and g != value:
+        raise ValueError(f"{recipes / 'grpo.yaml'}: chat_template_kwargs.enable_thinking {g} but sft.yaml says {value}")
+    word = "true" if value else "false"
+    want = {
+        "data": f'"enable_thinking": {word}',
+        "grpo": f'{{"enable_thinking": {word}}}',
+        "grpo-standard": f'{{"enable_thinking": {word}}}',
+    }
+    for stage, needle in want.items():
+        cmd = plan.get(stage, {}).get("command", [])
+        if not any(needle in arg for arg in cmd):
+            raise ValueError(f"run_all's {stage} command does not pass enable_thinking {word}")
+    for stage, entry in plan.items():
+        wrapper = entry.get("servers") or []
+        pinned = wrapper[wrapper.index("--enable-thinking") + 1] if "--enable-thinking" in wrapper else None
+        if wrapper and pinned != word:
+            raise ValueError(f"run_all's {stage} vLLM servers do not pin enable_thinking {word}")
+    return (f"enable_thinking {word} (sft.yaml) reaches the data stage's requests, both GRPO runs, the saved "
+            "templates and every vLLM server's template")
 
 
 # ---------------------------------------------------------------------------- 5. machine, secrets
@@ -257,7 +485,17 @@ def check_endpoint(name: str, env: str, fallback: str | None, started_here: bool
         return "OK", f"{url} (from {source}) answers"
     if started_here and not os.environ.get(env):
         return "WARN", f"{url} not answering now ({why}); run_all.sh starts a vLLM server there itself (or set {env})"
-    return "MISSING", f"{url} (from {source}) not reachable ({why}); set {env} to a running OpenAI-compatible server"
+    return "MISSING", f"{url} (from {source}) not reachable ({why}); set {env} to a running OpenAI-compatible server (run_all.sh refuses to start the data stage without it)"
+
+
+def vllm_binary_status() -> tuple[str, str]:
+    """Whether ``with-vllm`` will find ``vllm`` in this environment's ``bin/`` (train/stages.py)."""
+    import stages  # train/stages.py
+
+    try:
+        return "OK", stages.vllm_binary()
+    except FileNotFoundError as exc:
+        return "MISSING", str(exc)
 
 
 def check_secret(env: str, purpose: str, alt: Callable[[], bool] | None = None) -> tuple[str, str]:
@@ -299,16 +537,26 @@ def main(argv: list[str] | None = None) -> int:
         "--run-dir", type=Path, default=None, help="where the one-step checks write (default runs/RECIPE/check)"
     )
     p.add_argument("--skip-steps", action="store_true", help="leave out the one-step trainer checks")
+    p.add_argument("--plan", action="store_true",
+                   help="print, as JSON, the commands run_all composes and what the check runs for each; run nothing")
     a = p.parse_args(argv)
     recipes = REPO / "train" / "recipes" / a.recipe
     if not recipes.is_dir():
         print(f"check_recipe: no recipe folder {recipes}", file=sys.stderr)
         return 2
     run_dir = (a.run_dir or Path("runs") / a.recipe / "check").resolve()
-    configs = RECIPE_CONFIGS.get(a.recipe, {"pipeline": None, "eval": []})
+    os.environ.setdefault("HARBOR_TELEMETRY", "0")
+    try:
+        # the run_all commands of this check: the run folder is the check's, so every output lands under it
+        plan = check_plan(composed_commands(a.recipe, run_dir))
+    except (RuntimeError, ValueError) as exc:
+        print(f"check_recipe: {exc}", file=sys.stderr)
+        return 1
+    if a.plan:
+        print(json.dumps(plan, indent=1))
+        return 0
     c = Checker()
     t0 = time.monotonic()
-    os.environ.setdefault("HARBOR_TELEMETRY", "0")
 
     print(f"== 1. recipes of {recipes.relative_to(REPO)} parse (TrlParser, unknown keys fail)")
     yamls = sorted(recipes.glob("*.yaml"))
@@ -317,41 +565,55 @@ def main(argv: list[str] | None = None) -> int:
     for path in yamls:
         c.run("recipes", str(path.relative_to(REPO)), lambda path=path: check_recipe_file(path))
 
-    print("== 2. pipeline and eval configs load")
-    if configs["pipeline"]:
-        c.run("configs", configs["pipeline"], lambda: check_pipeline(REPO / configs["pipeline"]))
-    for ev in configs["eval"]:
-        c.run("configs", ev, lambda ev=ev: check_eval(REPO / ev))
-        c.run("network", f"{ev} dataset", lambda ev=ev: check_eval_dataset(REPO / ev))
+    print("== 2. the pipeline and eval configs of run_all's data and eval stages load; their vLLM servers")
+    pipeline_cfg = None
+    for stage, entry in plan.items():
+        if "pipeline" in entry:
+            pipe = entry["pipeline"]
+            pipeline_cfg = (REPO / pipe["config"], pipe["set"])
+            label = pipe["config"] + "".join(f" --set {x}" for x in pipe["set"])
+            c.run("configs", f"{stage}: {label}", lambda pipe=pipe: check_pipeline(REPO / pipe["config"], pipe["set"]))
+        if "eval" in entry:
+            ev = entry["eval"]["config"]
+            c.run("configs", f"{stage}: {ev}", lambda ev=ev: check_eval(REPO / ev))
+            c.run("network", f"{ev} dataset", lambda ev=ev: check_eval_dataset(REPO / ev))
+        if "servers" in entry:
+            c.run("servers", f"{stage}: vLLM servers on 8 GPUs", lambda w=entry["servers"]: check_servers(w))
 
-    print("== 3. trainers build on the tiny Qwen3.5 with the recipes' code path and take one step")
+    if a.recipe == "qwen3.5-9b":
+        c.run("configs", "thinking: one setting for every stage", lambda: check_thinking(recipes, plan))
+
+    print("== 3. run_all's training commands take one step on the tiny Qwen3.5 (launcher -> python, + --check)")
     if a.skip_steps:
         c.add("steps", "one-step checks", "WARN", "skipped (--skip-steps)")
     else:
-        logs = run_dir / "logs"
-        if (recipes / "sft.yaml").is_file():
-            c.run("steps", "SFT", lambda: check_step("sft.py", recipes / "sft.yaml", run_dir / "sft", [], logs))
-        if (recipes / "grpo.yaml").is_file():
-            c.run(
-                "steps",
-                "ReTerm-GRPO",
-                lambda: check_step("grpo.py", recipes / "grpo.yaml", run_dir / "grpo-reterm", [], logs),
-            )
-            std = recipes / "grpo_standard.yaml"
-            std_args = [] if std.is_file() else ["--mode", "standard"]
-            c.run("steps", "standard GRPO", lambda: check_step("grpo.py", std if std.is_file() else recipes / "grpo.yaml",
-                                                                run_dir / "grpo-standard", std_args, logs))  # fmt: skip
+        for stage, entry in plan.items():
+            if "run" in entry:
+                print(f"     $ {shlex.join(entry['run'][1:])}")
+                c.run("steps", stage, lambda e=entry: check_step(e["run"], _output_dir(e["run"]), run_dir / "logs"))
 
-    print("== 4. accelerate launch commands compose (accelerate's own parser and config merge)")
+    print("== 4. run_all's launch commands compose for every accelerate config (accelerate's parser and merge)")
     for cfg in sorted((REPO / "train" / "accelerate_configs").glob("*.yaml")):
-        rel = cfg.relative_to(REPO)
-        for script, recipe, extra in (("sft.py", recipes / "sft.yaml", []), ("grpo.py", recipes / "grpo.yaml", [])):
-            if not recipe.is_file():
+        try:
+            cmds = composed_commands(a.recipe, run_dir, {"ACCELERATE_CONFIG": cfg.stem}, only=list(TRAINING_STAGES))
+        except RuntimeError as exc:
+            c.add("launch", cfg.name, "FAIL", str(exc))
+            continue
+        for stage, argv in cmds.items():
+            if stage not in TRAINING_STAGES:
                 continue
-            fsdp_extra = ["--activation_checkpointing", "false"] if "fsdp" in cfg.name else []
-            cmd = launch_command(rel, script, recipe.relative_to(REPO), extra + fsdp_extra)
-            print(f"     $ {' '.join(cmd)}")
-            c.run("launch", f"{rel.name} + {script}", lambda cmd=cmd: check_launch(cmd))
+            launcher, script = split_launcher(argv)
+            if "launch" not in launcher:
+                c.add("launch", f"{cfg.name} {stage}", "OK", f"no accelerate launcher: {shlex.join(launcher)}")
+                continue
+            print(f"     $ {shlex.join(argv)}")
+            c.run("launch", f"{cfg.name} {stage}", lambda la=launcher, sc=script: check_launch(la, sc))
+    if a.recipe == "qwen3.5-9b":
+        for stage in ("grpo", "grpo-standard"):
+            if "launcher" in plan.get(stage, {}):
+                launcher, script = split_launcher(plan[stage]["command"])
+                c.run("memory", f"{stage} on 80 GB GPUs (estimate)",
+                      lambda sc=script, la=launcher: check_grpo_memory(sc, la))
 
     print("== 5. GPU machine, credentials and endpoints (reported; not failures here)")
     c.add("machine", "GPUs", *gpus())
@@ -364,11 +626,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add(
         "secrets", "DAYTONA_API_KEY", *check_secret("DAYTONA_API_KEY", "Harbor's Daytona sandboxes: data, GRPO, eval")
     )
-    if configs["pipeline"]:
+    c.add("machine", "vllm binary", *vllm_binary_status())
+    if pipeline_cfg is not None:
+        from reterm.data.build import _parse_set
         from reterm.data.config import load_config
 
         try:
-            pcfg = load_config(REPO / configs["pipeline"])
+            pcfg = load_config(pipeline_cfg[0], _parse_set(pipeline_cfg[1]))
         except Exception:  # noqa: BLE001 - reported in section 2
             pcfg = None
         if pcfg is not None and pcfg.rollout.policy.startswith("openai:"):

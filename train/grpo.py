@@ -308,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
             # the base is the checkpoint GRPO started from (the SFT model), not training_summary's public name
             merged = merge_adapter(out, out / "merged", base_model=resolved, dtype=model_args.dtype)
             print(f"[grpo] merged checkpoint: {merged}")
+        thinking = (args.chat_template_kwargs or {}).get("enable_thinking")
+        if thinking is not None:  # the recipe's one thinking setting, in the saved template
+            from reterm.training.thinking import pin_saved_template
+
+            for folder in (out, out / "merged"):
+                if folder.is_dir():
+                    print(f"[grpo] enable_thinking={thinking} pinned in {pin_saved_template(folder, bool(thinking))}")
         print(f"[grpo] saved to {out}")
     trainer.accelerator.wait_for_everyone()
     return 0

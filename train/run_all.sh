@@ -116,7 +116,7 @@ stage() {
   local name=$1 output=$2; shift 3
   selected "$name" || return 0
   if [ "$DRY_RUN" = 1 ]; then
-    printf '\n[%s]\n  %s\n' "$name" "$*"
+    printf '\n[%s]\n ' "$name"; printf ' %q' "$@"; printf '\n'   # shell-quoted: train/check_recipe.py reads it
     [ -n "${WATCH:-}" ] && printf '  (done already = skipped, unless this command or %s changed)\n' "$WATCH"
     return 0
   fi
@@ -130,6 +130,8 @@ stage() {
 # ---------------------------------------------------------------------------------------- recipes
 # What differs between the embedded default and the 9B run. Everything else is in the recipe files.
 RECIPES=train/recipes/$RECIPE
+TRAIN_FLAGS=()   # flags every trainer command gets (the launcher's needs)
+GRPO_FLAGS=()    # flags both GRPO commands get (the recipe's thinking setting)
 case "$RECIPE" in
   smollm2-135m)   # CPU, minutes: SmolLM2-135M-Instruct (PyPI wheel), the local bubblewrap sandbox
     DATA_CONFIG=pipeline/configs/smoke.yaml
@@ -142,14 +144,28 @@ case "$RECIPE" in
   qwen3.5-9b)     # GPUs: vLLM generation, DeepSpeed ZeRO-3 (or FSDP2), Daytona sandboxes, Terminal-Bench 2.0
     DATA_CONFIG=pipeline/configs/reterm-10k.yaml
     EVAL_CONFIG=eval/configs/terminal-bench-2.0.yaml
-    LAUNCH=(.venv/bin/accelerate launch --config_file "train/accelerate_configs/${ACCELERATE_CONFIG:-zero3}.yaml")
+    ACCEL_CONFIG=train/accelerate_configs/${ACCELERATE_CONFIG:-zero3}.yaml
+    [ -f "$ACCEL_CONFIG" ] || { echo "run_all.sh: ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}: no $ACCEL_CONFIG (zero3 or fsdp2)" >&2; exit 2; }
+    LAUNCH=(.venv/bin/accelerate launch --config_file "$ACCEL_CONFIG")
+    # FSDP does its own activation checkpointing (fsdp_activation_checkpointing); transformers' Trainer refuses
+    # to build when the training argument is on as well (trainer.py: "can't both be set to True"), so the
+    # recipes' activation_checkpointing is turned off for such a config, on the command line of every trainer
+    if grep -Eq '^[[:space:]]*fsdp_activation_checkpointing:[[:space:]]*true' "$ACCEL_CONFIG"; then
+      TRAIN_FLAGS=(--activation_checkpointing false)
+    fi
     BASE_MODEL=Qwen/Qwen3.5-9B
     DATA_NAME=ReTerm-10K; MODEL_NAME=ReTerm-9B
-    VLLM=("$PY" train/stages.py with-vllm --log-dir "$RUN/logs/vllm")
+    # thinking on or off: ONE setting, the SFT recipe's enable_thinking, applied to every stage: the data
+    # stage's policy requests, GRPO's chat template, the saved checkpoints' templates (train/sft.py and
+    # train/grpo.py pin it) and every vLLM server's template (the evaluation's harnesses included)
+    THINKING=$(sed -n 's/^enable_thinking:[[:space:]]*\(true\|false\).*/\1/p' "$RECIPES/sft.yaml")
+    [ -n "$THINKING" ] || { echo "run_all.sh: $RECIPES/sft.yaml: enable_thinking must be true or false" >&2; exit 2; }
+    GRPO_FLAGS=(--chat_template_kwargs "{\"enable_thinking\": $THINKING}")
+    VLLM=("$PY" train/stages.py with-vllm --log-dir "$RUN/logs/vllm" --enable-thinking "$THINKING")
     VLLM_ARGS=(${RETERM_VLLM_ARGS:---enable-auto-tool-choice --tool-call-parser qwen3_coder --max-model-len 65536})
     VLLM_ARGS=("${VLLM_ARGS[@]/#/--vllm-arg=}")
     # the data pipeline's policy: an existing server (RETERM_POLICY_URL) or a vLLM server started here
-    DATA_ENDPOINTS=()
+    DATA_ENDPOINTS=(--set "rollout.policy_kwargs.extra_body={\"chat_template_kwargs\": {\"enable_thinking\": $THINKING}}")
     if [ -n "${RETERM_POLICY_URL:-}" ]; then DATA_WRAP=(); DATA_ENDPOINTS+=(--set "rollout.policy_kwargs.base_url=$RETERM_POLICY_URL")
     else DATA_WRAP=("${VLLM[@]}" --serve "qwen3.5-9b=$BASE_MODEL@8000" "${VLLM_ARGS[@]}" --); fi
     # the teacher that writes the recoveries (and judges unclear failures): a stronger model's endpoint
@@ -219,6 +235,16 @@ if [ "$CHECK" = 1 ]; then
   exec "$PY" train/check_recipe.py --recipe "$RECIPE" --run-dir "$RUN/check"
 fi
 
+# 9B: the data stage needs a teacher endpoint; say so now, before any GPU work, not after the policy server and
+# an hour of rollouts (the config's default URL is only a placeholder: nothing is served there unless you do)
+if [ "$RECIPE" = qwen3.5-9b ] && [ "$DRY_RUN" = 0 ] && selected data && [ ! -f "$RUN/stages/data.json" ] \
+   && [ -z "${RETERM_TEACHER_URL:-}" ]; then
+  echo "run_all.sh: the data stage needs RETERM_TEACHER_URL: the OpenAI-compatible endpoint of the teacher that" \
+       "writes the recoveries (e.g. http://HOST:8001/v1 of 'vllm serve Qwen/Qwen3.5-397B-A17B --served-model-name" \
+       "teacher'; docs/REPRODUCING.md, the 9B run). Nothing was started." >&2
+  exit 2
+fi
+
 T0=$SECONDS
 echo "ReTerm run_all: recipe $RECIPE, size $SIZE, run folder $RUN"
 
@@ -252,7 +278,7 @@ fi
 
 # 3. SFT cold start on the recovery dataset (LoRA on the CPU; the checkpoint + merged/ for the harness)
 WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
-  --output_dir "$RUN/sft" "${SFT_SIZE[@]}"
+  --output_dir "$RUN/sft" "${TRAIN_FLAGS[@]}" "${SFT_SIZE[@]}"
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
 
 # 3a. the mechanism of ReTerm-GRPO measured on the SFT model, without training (summary.json: "mechanism")
@@ -273,10 +299,10 @@ fi
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
-  "${GRPO_SIZE[@]}"
+  "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
   --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
-  "${GRPO_SIZE[@]}"
+  "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 
 # 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)
 if [ "$RECIPE" = smollm2-135m ]; then

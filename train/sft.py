@@ -321,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
 
             merged = merge_adapter(out, out / "merged", dtype=model_args.dtype)
             print(f"[sft] merged checkpoint: {merged}")
+        if script_args.enable_thinking is not None:  # the recipe's one thinking setting, in the saved template
+            from reterm.training.thinking import pin_saved_template
+
+            for folder in (out, out / "merged"):
+                if folder.is_dir():
+                    print(f"[sft] enable_thinking={script_args.enable_thinking} pinned in "
+                          f"{pin_saved_template(folder, script_args.enable_thinking)}")
         print(f"[sft] saved to {out}")
     trainer.accelerator.wait_for_everyone()
     trainer.end()

@@ -7,7 +7,7 @@
     python train/stages.py eval-config --run-dir RUN --base eval/configs/local.yaml --out RUN/eval/config.yaml \\
         [--trials 2] [--max-tasks N] [--max-turns N] [--max-new-tokens N] [--max-states N] [--state-turns N]
     python train/stages.py recipe RUN/sft/command.json --out RUN/cards/recipes/sft.yaml   # recipe + CLI overrides
-    python train/stages.py with-vllm --serve NAME=CHECKPOINT@PORT ... -- CMD...             # 9B recipe only
+    python train/stages.py with-vllm --serve NAME=CHECKPOINT@PORT ... [--tensor-parallel 1] -- CMD...  # 9B recipe
     python train/stages.py summary --run-dir RUN
 
 **Stages** (``run``): the command runs with its output shown and appended to ``RUN/logs/NAME.log``. While it
@@ -542,30 +542,87 @@ def parse_serve(spec: str) -> tuple[str, str, int]:
         ) from None
 
 
-def vllm_commands(serves: list[tuple[str, str, int]], n_gpus: int, extra: list[str]) -> list[tuple[list[str], str]]:
-    """The ``vllm serve`` command of each server and its ``CUDA_VISIBLE_DEVICES``: the GPUs are split
-    evenly (tensor parallel = GPUs per server, a power of two).
+def vllm_binary() -> str:
+    """The ``vllm`` of this Python's environment (``.venv/bin/vllm`` when run by run_all), as every other tool
+    of the run comes from there.
 
     Raises:
-        ValueError: fewer GPUs than servers.
+        FileNotFoundError: vLLM is not installed in that environment (``pip install vllm`` on the GPU machine).
     """
-    if n_gpus < len(serves):
-        raise ValueError(f"{len(serves)} vLLM servers need at least {len(serves)} GPUs, {n_gpus} visible")
+    path = Path(sys.executable).parent / "vllm"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: vLLM is not installed in this environment ({sys.prefix}); "
+            f"on the GPU machine: {sys.executable} -m pip install vllm"
+        )
+    return str(path)
+
+
+def vllm_commands(serves: list[tuple[str, str, int]], n_gpus: int, extra: list[str], tensor_parallel: int = 1,
+                  binary: str | None = None) -> list[tuple[list[str], str]]:
+    """The ``vllm serve`` command of each server and its ``CUDA_VISIBLE_DEVICES``.
+
+    The GPUs are split evenly between the servers; each server runs ``tensor_parallel`` GPUs per replica and
+    as many data-parallel replicas (``--data-parallel-size``) as its share holds: a 9B model fits one
+    80 GB GPU, so 8 GPUs serve it as 8 replicas (8x the batch of tensor parallel 8, no all-reduce per layer).
+
+    Args:
+        serves: ``(name, checkpoint, port)`` per server.
+        n_gpus: GPUs on the machine.
+        extra: arguments added to every command.
+        tensor_parallel: GPUs per replica (a power of two).
+        binary: the ``vllm`` executable (default :func:`vllm_binary`).
+
+    Raises:
+        ValueError: fewer GPUs than servers x ``tensor_parallel``.
+        FileNotFoundError: see :func:`vllm_binary`.
+    """
+    if tensor_parallel < 1 or tensor_parallel & (tensor_parallel - 1):
+        raise ValueError(f"--tensor-parallel {tensor_parallel}: must be a power of two")
+    if n_gpus < len(serves) * tensor_parallel:
+        raise ValueError(
+            f"{len(serves)} vLLM servers at tensor parallel {tensor_parallel} need at least "
+            f"{len(serves) * tensor_parallel} GPUs, {n_gpus} visible"
+        )
+    binary = binary or vllm_binary()
     per = n_gpus // len(serves)
-    tp = 1 << (per.bit_length() - 1)
+    replicas = per // tensor_parallel
     out = []
     for i, (name, ckpt, port) in enumerate(serves):
-        devices = ",".join(str(g) for g in range(i * per, i * per + tp))
-        cmd = ["vllm", "serve", ckpt, "--served-model-name", name, "--port", str(port),
-               "--tensor-parallel-size", str(tp), *extra]  # fmt: skip
+        devices = ",".join(str(g) for g in range(i * per, i * per + replicas * tensor_parallel))
+        cmd = [binary, "serve", ckpt, "--served-model-name", name, "--port", str(port),
+               "--tensor-parallel-size", str(tensor_parallel), "--data-parallel-size", str(replicas), *extra]  # fmt: skip
         out.append((cmd, devices))
     return out
 
 
-def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: Path, timeout_s: float = 1800) -> int:
+def served_chat_template(checkpoint: str, enable_thinking: bool, out: Path) -> Path:
+    """The checkpoint's chat template with ``enable_thinking`` pinned (:mod:`reterm.training.thinking`),
+    written to ``out`` for ``vllm serve --chat-template``: every request then gets the recipe's setting,
+    whatever the harness sends (Terminus-2 through LiteLLM sends none). ``checkpoint`` is a folder or a Hub
+    id (read with transformers' ``AutoTokenizer``, so a Hub id needs the network or the local cache).
+
+    Raises:
+        ValueError: the checkpoint has no chat template, or one that does not read ``enable_thinking``.
+    """
+    from transformers import AutoTokenizer
+
+    from reterm.training.thinking import pin_thinking
+
+    template = AutoTokenizer.from_pretrained(checkpoint).chat_template
+    if not isinstance(template, str):
+        raise ValueError(f"{checkpoint}: no (single) chat template to pin enable_thinking in")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(pin_thinking(template, enable_thinking))
+    return out
+
+
+def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: Path, timeout_s: float = 1800,
+              tensor_parallel: int = 1, enable_thinking: bool | None = None) -> int:
     """Start one ``vllm serve`` per ``NAME=CHECKPOINT@PORT`` (logs in ``log_dir``), wait until each answers
     ``/v1/models``, run ``command``, then stop the servers. Returns the command's exit status (1 when a
-    server fails to come up)."""
+    server fails to come up). ``enable_thinking`` (the recipe's setting) is pinned in each server's chat
+    template (:func:`served_chat_template`); ``None`` leaves the checkpoints' templates as they are."""
     import urllib.request
 
     parsed = [parse_serve(s) for s in serves]
@@ -573,7 +630,9 @@ def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for cmd, devices in vllm_commands(parsed, gpu_count(), extra):
+        for (name, ckpt, _), (cmd, devices) in zip(parsed, vllm_commands(parsed, gpu_count(), extra, tensor_parallel)):
+            if enable_thinking is not None:
+                cmd += ["--chat-template", str(served_chat_template(ckpt, enable_thinking, log_dir / f"{name}.jinja"))]
             log = open(log_dir / f"{cmd[4]}.log", "ab")
             print(f"[vllm] CUDA_VISIBLE_DEVICES={devices} {' '.join(cmd)}  (log {log.name})", flush=True)
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -609,13 +668,8 @@ def with_vllm(serves: list[str], command: list[str], extra: list[str], log_dir: 
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def main(argv: list[str] | None = None) -> int:
-    """Entry point (see the module docstring). Returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, command = argv[:i], argv[i + 1 :]
+def make_parser() -> argparse.ArgumentParser:
+    """The command-line parser of every subcommand (the command after ``--`` is split off first)."""
     p = argparse.ArgumentParser(prog="train/stages.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a stage: timing, peak memory, log, completion record (then `-- CMD...`)")
@@ -660,6 +714,10 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--vllm-arg", action="append", default=[], help="extra argument of every `vllm serve`")
     v.add_argument("--log-dir", type=Path, default=Path("vllm-logs"), help="where the servers' logs go")
     v.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the servers to answer")
+    v.add_argument("--enable-thinking", choices=["true", "false"],
+                   help="pin the chat template's enable_thinking of every server (the recipe's one setting)")
+    v.add_argument("--tensor-parallel", type=int, default=1,
+                   help="GPUs per model replica (default 1: a 9B fits one GPU; the rest are data-parallel replicas)")
     s = sub.add_parser("summary", help="the final table, plots and timings")
     s.add_argument("--run-dir", type=Path, required=True)
     s.add_argument(
@@ -667,6 +725,17 @@ def main(argv: list[str] | None = None) -> int:
         default="setup data sft grpo grpo-standard eval cards",
         help="stage names in order (space-separated)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (see the module docstring). Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1 :]
+    p = make_parser()
     a = p.parse_args(argv)
     if a.cmd in ("run", "with-vllm") and not command:
         p.error(f"{a.cmd}: give the command after `--`")
@@ -688,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "cards":
             return cards(a.run_dir, a.dataset_repo, a.model_repo, a.space_repo, a.base_model, a.publish)
         if a.cmd == "with-vllm":
-            return with_vllm(a.serve, command, a.vllm_arg, a.log_dir, a.timeout)
+            thinking = None if a.enable_thinking is None else a.enable_thinking == "true"
+            return with_vllm(a.serve, command, a.vllm_arg, a.log_dir, a.timeout, a.tensor_parallel, thinking)
         return summary(a.run_dir, a.stages.split())
     except (ValueError, OSError) as exc:
         print(f"train/stages.py {a.cmd}: error: {exc}", file=sys.stderr)

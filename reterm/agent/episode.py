@@ -46,8 +46,11 @@ from reterm.agent.protocol import (
     DEFAULT_COMMAND_TIMEOUT_S,
     SYSTEM_PROMPT,
     TOOLS,
+    ParseResult,
     count_parse_outcomes,
+    ends_with_submit,
     parse_action,
+    system_prompt,
 )
 from reterm.agent.terminal import EnvironmentFault, ShellState, TerminalSession
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
@@ -129,7 +132,8 @@ class EpisodeSpec:
 class _Episode:
     """The mutable state of one running episode."""
 
-    def __init__(self, spec: EpisodeSpec, policy_name: str, time_budget_s: float | None) -> None:
+    def __init__(self, spec: EpisodeSpec, policy_name: str, time_budget_s: float | None,
+                 tools: list[dict[str, Any]] | None = None) -> None:
         self.spec = spec
         self.task = load_task(spec.task)
         history = spec.history.steps if isinstance(spec.history, Trajectory) else list(spec.history or [])
@@ -137,7 +141,7 @@ class _Episode:
         self.traj = Trajectory(
             task_id=task_id_of(self.task),
             instruction=spec.instruction if spec.instruction is not None else self.task.instruction,
-            system_prompt=SYSTEM_PROMPT,
+            system_prompt=system_prompt(tools) if tools is not None else SYSTEM_PROMPT,
             policy=policy_name,
             steps=steps,
             prefix_len=len(steps),
@@ -261,9 +265,16 @@ async def _start_session(ep: _Episode) -> None:
 
 
 async def _act(ep: _Episode, gen: Generation, generation_s: float, call_format: str | None,
-               max_consecutive_parse_errors: int | None, command_timeout_s: float | None) -> Step:  # fmt: skip
-    """Parse one reply, run its action, append the step; stop the episode when it is over."""
+               max_consecutive_parse_errors: int | None, command_timeout_s: float | None,
+               submit_tool: bool = True) -> Step:  # fmt: skip
+    """Parse one reply, run its action, append the step; stop the episode when it is over. Without a
+    ``submit`` tool (``submit_tool`` false: the ``bash`` tool set), a reply without a tool call ends the
+    attempt and a ``submit`` call is an unknown tool."""
     parsed = parse_action(gen.text, call_format)  # type: ignore[arg-type]
+    if not submit_tool and parsed.action is not None and parsed.action.tool == "submit":
+        parsed = ParseResult(outcome="unknown_tool", error="unknown tool submit; the only tool is `bash`",
+                             reasoning=parsed.reasoning, content=parsed.content, n_calls=parsed.n_calls,
+                             call_format=parsed.call_format)  # fmt: skip
     ep.parse_outcomes[parsed.outcome] += 1
     ep.turns += 1
     index = len(ep.traj.steps)
@@ -286,6 +297,12 @@ async def _act(ep: _Episode, gen: Generation, generation_s: float, call_format: 
         step.extra["completion_token_ids"] = list(gen.token_ids)
     if gen.logprobs is not None:
         step.extra["logprobs"] = list(gen.logprobs)
+    if parsed.action is None and not submit_tool and parsed.outcome == "no_tool_call":
+        step.parse_error = None  # the bash tool set's way to end an attempt, not a mistake
+        ep.consecutive_parse_errors = 0
+        ep.traj.steps.append(step)
+        ep.stop("submitted")
+        return step
     if parsed.action is None:
         ep.consecutive_parse_errors += 1
         step.observation = parsed.observation()
@@ -378,12 +395,13 @@ async def run_episodes(
         Never raises for faults of the policy, the environment or the verifier; they become outcomes.
     """
     tools = TOOLS if tools is None else tools
+    submit_tool = ends_with_submit(tools)
     name = getattr(policy, "name", type(policy).__name__)
     call_format = policy_call_format(policy)
     eps: list[_Episode] = []
     for spec in episodes:
         try:
-            eps.append(_Episode(spec, name, time_budget_s))
+            eps.append(_Episode(spec, name, time_budget_s, tools))
         except Exception as exc:  # an unreadable task is the caller's error, said clearly
             raise ValueError(f"episode {len(eps)}: cannot load task {spec.task!r}: {exc}") from exc
     t_all = time.monotonic()
@@ -431,7 +449,8 @@ async def run_episodes(
                 ep.stop("context_length")
                 return
             try:
-                step = await _act(ep, gen, generation_s, call_format, max_consecutive_parse_errors, command_timeout_s)
+                step = await _act(ep, gen, generation_s, call_format, max_consecutive_parse_errors, command_timeout_s,
+                                  submit_tool)
                 ep.t_execution += step.execution_s
                 if on_step is not None:
                     on_step(eps.index(ep), ep.traj, step)

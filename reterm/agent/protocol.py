@@ -75,13 +75,44 @@ SUBMIT_TOOL: dict[str, Any] = {
 
 TOOLS: list[dict[str, Any]] = [BASH_TOOL, SUBMIT_TOOL]
 
+TOOL_SETS: dict[str, list[dict[str, Any]]] = {"bash+submit": TOOLS, "bash": [BASH_TOOL]}
+"""The harness's tool sets, one prompt for both: ``bash+submit`` (the kit's default: ``submit`` ends an
+attempt) and ``bash`` (the release's one tool: a reply without a tool call ends the attempt). The system
+prompt's last rule follows the set (:func:`system_prompt`); the episode loop reads the set from the tools it
+is given (:func:`ends_with_submit`)."""
+DEFAULT_TOOL_SET = "bash+submit"
+
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 MAX_COMMAND_TIMEOUT_S = 600.0
 
 
-def initial_messages(instruction: str) -> list[dict[str, Any]]:
-    """The first two messages of every episode: ``[system(SYSTEM_PROMPT), user(instruction)]``."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+_SUBMIT_RULE = "- When the task is complete, call the submit tool."
+_NO_CALL_RULE = "- When the task is complete, reply without calling a tool."
+assert _SUBMIT_RULE in SYSTEM_PROMPT, "prompts/system_v2.md lost its submit rule (system_prompt() replaces it)"
+
+
+def tool_set(name: str) -> list[dict[str, Any]]:
+    """The tool schemas of a named set (:data:`TOOL_SETS`). Raises ``ValueError`` naming the known sets."""
+    if name not in TOOL_SETS:
+        raise ValueError(f"tool set {name!r}: not one of {sorted(TOOL_SETS)}")
+    return TOOL_SETS[name]
+
+
+def ends_with_submit(tools: list[dict[str, Any]] | None) -> bool:
+    """Whether an attempt with these tools ends by a ``submit`` call (else: by a reply without a tool call)."""
+    tools = TOOLS if tools is None else tools
+    return any(t.get("function", {}).get("name") == "submit" for t in tools)
+
+
+def system_prompt(tools: list[dict[str, Any]] | None = None) -> str:
+    """:data:`SYSTEM_PROMPT` for a tool set: with ``submit``, as written; without it, the last rule says
+    that a reply without a tool call ends the attempt."""
+    return SYSTEM_PROMPT if ends_with_submit(tools) else SYSTEM_PROMPT.replace(_SUBMIT_RULE, _NO_CALL_RULE)
+
+
+def initial_messages(instruction: str, tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The first two messages of every episode: ``[system(system_prompt(tools)), user(instruction)]``."""
+    return [{"role": "system", "content": system_prompt(tools)}, {"role": "user", "content": instruction}]
 
 
 # ============================================================================ action parsing

@@ -36,6 +36,11 @@ PACKAGES: tuple[str, ...] = (
     "ca-certificates", "procps", "iproute2", "less", "vim-tiny", "sqlite3", "make", "file",
     "xz-utils", "bzip2", "unzip",
 )  # fmt: skip
+# The strict base (RETERM_SANDBOX_STRICT=1): a minimal Debian root like the debian:bookworm-slim image, plus only
+# tmux, which the harness itself needs inside the sandbox (the way Harbor's agents install theirs at set-up).
+# Every task's Dockerfile must then install what its build, solution and tests use, as under Docker.
+STRICT_PACKAGES: tuple[str, ...] = ("tmux",)
+STRICT_ENV = "RETERM_SANDBOX_STRICT"
 # Bump when the recipe below changes in a way that changes the result.
 RECIPE_VERSION = 1
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -101,18 +106,31 @@ def apt_mirror(sources: list[Path] | None = None) -> str:
     return DEFAULT_MIRROR
 
 
-def find_base(packages: tuple[str, ...] = PACKAGES) -> BaseImage | None:
-    """The cached base for ``packages`` if it was built, else None (never builds)."""
+def strict_mode() -> bool:
+    """Whether sandboxes use the strict base (``RETERM_SANDBOX_STRICT`` = 1/true/yes; default off)."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def base_packages() -> tuple[str, ...]:
+    """The packages of the base in use: :data:`STRICT_PACKAGES` in strict mode, else :data:`PACKAGES`."""
+    return STRICT_PACKAGES if strict_mode() else PACKAGES
+
+
+def find_base(packages: tuple[str, ...] | None = None) -> BaseImage | None:
+    """The cached base for ``packages`` (default :func:`base_packages`) if it was built, else None (never
+    builds)."""
+    packages = base_packages() if packages is None else packages
     key = base_key(packages)
     root = sub("base") / key
     meta_path = sub("base") / f"{key}.json"
-    if (root / "rootfs" / "usr" / "bin" / "python3").exists() and meta_path.exists():
+    if (root / "rootfs" / "usr" / "bin" / "dpkg").exists() and meta_path.exists():
         return BaseImage(key=key, rootfs=root / "rootfs", meta=json.loads(meta_path.read_text()))
     return None
 
 
-def ensure_base(packages: tuple[str, ...] = PACKAGES, *, log=None) -> BaseImage:
-    """Return the cached base root filesystem, building it with debootstrap first if missing.
+def ensure_base(packages: tuple[str, ...] | None = None, *, log=None) -> BaseImage:
+    """Return the cached base root filesystem (``packages`` default :func:`base_packages`), building it
+    with debootstrap first if missing.
 
     Needs the network to the Debian mirror for the first build only. As root it runs debootstrap;
     as another user it runs debootstrap as the fake root of a user namespace under fakeroot
@@ -125,6 +143,7 @@ def ensure_base(packages: tuple[str, ...] = PACKAGES, *, log=None) -> BaseImage:
             build failed (with its log tail).
     """
     log = log or logger.info
+    packages = base_packages() if packages is None else packages
     found = find_base(packages)
     if found:
         return found

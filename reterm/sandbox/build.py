@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from harbor.environments.base import SandboxBuildFailedError
 
 from reterm.sandbox import dockerfile as df
-from reterm.sandbox.base_image import BaseImage
+from reterm.sandbox.base_image import BaseImage, strict_mode
 from reterm.sandbox.box import CA_ENV_VARS, DEFAULT_PATH, HOST_CA_PATH, Box, BoxSpec, host_ca_bundle
 from reterm.sandbox.paths import file_lock, rmtree_writable, sub
 from reterm.sandbox.rootless import sandbox_mode
@@ -52,6 +52,41 @@ _PYTHON_ALIASES = (
     "ln -sf /usr/bin/python3 /usr/local/bin/python && ln -sf /usr/bin/pip3 /usr/local/bin/pip && "
     "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
 )
+
+
+# `apt-get update && apt-get install -y [--no-install-recommends] PKG... [&& rm -rf /var/lib/apt/lists/*]`, the
+# form tasks/README.md prescribes for a task's own packages (DEBIAN_FRONTEND=... in front allowed)
+_APT_INSTALL = re.compile(
+    r"^\s*(?:(?:export\s+)?DEBIAN_FRONTEND=\S+\s*(?:&&|;)?\s*)?apt-get\s+(?:-\S+\s+)*update(?:\s+-\S+)*\s*&&\s*"
+    r"(?:DEBIAN_FRONTEND=\S+\s+)?apt-get\s+install((?:\s+[-\w.+:=]+)+?)"
+    r"(?:\s*&&\s*rm\s+-rf\s+/var/lib/apt/lists/\*?)?\s*$"
+)
+
+
+def apt_install_packages(command: str) -> list[str] | None:
+    """The packages of a RUN command that is only ``apt-get update && apt-get install -y PKG...`` (optionally
+    followed by ``rm -rf /var/lib/apt/lists/*``), else ``None``."""
+    m = _APT_INSTALL.match(command.replace("\\\n", " "))
+    if not m:
+        return None
+    words = m.group(1).split()
+    return [w for w in words if not w.startswith("-")] or None
+
+
+def installed_packages(rootfs: Path) -> set[str]:
+    """Packages dpkg lists as installed in a root filesystem (``var/lib/dpkg/status``; ``name`` and
+    ``name:arch``)."""
+    out: set[str] = set()
+    status = rootfs / "var" / "lib" / "dpkg" / "status"
+    if not status.is_file():
+        return out
+    for block in status.read_text(errors="replace").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Status", "").endswith(" installed") and "Package" in fields:
+            out.add(fields["Package"])
+            if "Architecture" in fields:
+                out.add(f"{fields['Package']}:{fields['Architecture']}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -276,6 +311,14 @@ class _Builder:
         self.shell = ["/bin/sh", "-c"]
         self.box: Box | None = None
         self.mapping: df.BaseMapping | None = None
+        self._base_packages: set[str] | None = None
+
+    @property
+    def base_packages(self) -> set[str]:
+        """The packages installed in the base (read once)."""
+        if self._base_packages is None:
+            self._base_packages = installed_packages(self.base.rootfs)
+        return self._base_packages
 
     def where(self, ins: df.Instruction) -> str:
         return f"{self.dockerfile}:{ins.line}"
@@ -380,6 +423,14 @@ class _Builder:
                 command = args + "\n" + "".join(f"{body}{delim}\n" for delim, body in ins.heredocs)
         else:
             command = exec_form if exec_form is not None else args
+        pkgs = apt_install_packages(command) if isinstance(command, str) else None
+        if pkgs and not strict_mode():
+            # the default base already holds the kit's package set: when it has every package asked for, the
+            # install is a no-op and the build stays offline; the strict base (RETERM_SANDBOX_STRICT=1) runs it
+            missing = [p for p in pkgs if p.split("=")[0] not in self.base_packages]
+            if not missing:
+                self.log(f"{self.where(ins)}: apt-get install {' '.join(pkgs)}: all in the base already, skipped")
+                return
         r = await self.box.run(
             self.box.wrap_command(command, user=self.user, cwd=self.workdir, set_home=True, shell=tuple(self.shell)),
             env=self.run_env(), max_output_bytes=256 * 1024, on_output=self._stream,
