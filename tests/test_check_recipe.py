@@ -66,7 +66,9 @@ def test_check_runs_the_command_lines_run_all_composes(tmp_path, config):
     assert plan["eval"]["eval"]["config"] == dry["eval"][dry["eval"].index("--config") + 1]
     if config == "fsdp2":  # FSDP checkpoints activations itself: every trainer turns its own off
         for stage in TRAINERS:
-            assert dry[stage][-2:] == ["--activation_checkpointing", "false"], stage
+            cmd = dry[stage]
+            assert "--activation_checkpointing" in cmd, stage
+            assert cmd[cmd.index("--activation_checkpointing") + 1] == "false", stage
 
 
 def test_fsdp2_with_the_trainers_activation_checkpointing_is_refused(tmp_path):

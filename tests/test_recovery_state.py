@@ -105,7 +105,7 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     failing.steps = failing.steps[:1]
     failing.set_reward(0.0)
     primary = localise(failing).primary
-    row = _record(whole, 2, 1, failure_step=0, failed=whole.steps[0], recovery_turns=2, category=primary.category,
+    row = _record(whole, 4, 1, failure_step=0, failed=whole.steps[0], recovery_turns=2, category=primary.category,
                   source="injected", source_policy="first-mistake", replay=[],
                   state_id=state_id_of(whole, whole.steps[:1]), family="")  # fmt: skip
     assert primary.id == row["trajectory_id"] == State.from_record(json.loads(json.dumps(row))).id
