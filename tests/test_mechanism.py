@@ -129,3 +129,13 @@ def test_failure_state_arm_starts_from_the_failed_attempts_fork_and_resumes(tmp_
     assert m["n_tasks"] == 3 and m["signal_attempt_share"]["failure_state"]["value"] == 0.0
     assert m["pass_rate"]["failure_state"]["value"] == 1.0 and m["pass_rate"]["task_start"]["value"] == 0.0
     assert (out / "report.md").is_file() and (out / "signal.png").is_file()
+
+
+def test_single_stage_control_takes_instances_spread_over_families(tmp_path):
+    from reterm.drills import generate_drills
+
+    generate_drills(tmp_path, 0, 4)
+    tasks = mechanism.single_stage_tasks(tmp_path, "train", 6)
+    assert len(tasks) == 6 and len({t.family for t in tasks}) == 6 and all((t.path / "task.toml").is_file() for t in tasks)
+    with pytest.raises(ValueError, match="split 'nope' is empty"):
+        mechanism.single_stage_tasks(tmp_path, "nope", 2)

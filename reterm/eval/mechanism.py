@@ -159,6 +159,29 @@ async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -
     return rows, lines
 
 
+def single_stage_tasks(drills: Path, split: str, n: int) -> list[Any]:
+    """``n`` instances of a drills folder's ``split``, evenly spread over its families (the single-hurdle control).
+
+    Raises:
+        FileNotFoundError / ValueError: no ``splits.json``, or the split is empty (named).
+    """
+    import tomllib
+
+    from reterm.data.drills import read_splits
+    from reterm.drills.multistage import MultiStageInstance
+    from reterm.eval.drills import spread
+
+    names = read_splits(drills).get(split) or []
+    if not names:
+        raise ValueError(f"{drills}/splits.json: split {split!r} is empty")
+    out = []
+    for name in spread(sorted(names), n):
+        meta = tomllib.loads((drills / name / "task.toml").read_text()).get("metadata") or {}
+        out.append(MultiStageInstance(name, str(meta.get("family", "")), str((meta.get("error_categories") or
+                                                                              ["other"])[0]), drills / name))  # fmt: skip
+    return out
+
+
 def report(m: dict[str, Any]) -> str:
     """``report.md``: the two arms' shares, the paired difference with its power, per category."""
     def fmt(r: dict[str, Any] | None) -> str:
@@ -169,7 +192,8 @@ def report(m: dict[str, Any]) -> str:
     s, p = m["signal_attempt_share"], m["pass_rate"]
     d = m["difference"]["failure_state - task_start"]
     lines = ["# ReTerm-GRPO mechanism: learning signal from failure states vs task starts", "",
-             f"Policy `{m['settings']['model']}`, {m['n_tasks']} multi-stage drills, G = {m['settings']['group_size']}, "
+             f"Policy `{m['settings']['model']}`, {m['n_tasks']} tasks ({m['settings'].get('tasks')}), "
+             f"G = {m['settings']['group_size']}, "
              f"temperature {m['settings']['temperature']}, {m['settings']['max_turns']} turns x "
              f"{m['settings']['max_new_tokens']} tokens. Rates: value [95% interval] (n attempts).", "",
              "| arm | signal_attempt_share | groups with signal | pass rate |", "|---|---|---|---|"]  # fmt: skip
@@ -229,6 +253,9 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=32, help="attempts generated together (a multiple of G is best)")
     p.add_argument("--families", default=None, help="comma-separated stage families (default: all in-distribution)")
+    p.add_argument("--drills", type=Path, default=None,
+                   help="use this drills folder's single-stage instances (--split) instead of multi-stage drills")
+    p.add_argument("--split", default="train", help="with --drills: the split whose instances are used")
     a = p.parse_args(argv)
     if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
         print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
@@ -237,8 +264,11 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
 
     families = tuple(a.families.split(",")) if a.families else DEFAULT_STAGE_FAMILIES
     try:
-        tasks = generate_multistage(a.output / "tasks", a.seed, a.tasks, families=families, stages=a.stages)
-    except (KeyError, ValueError) as exc:
+        if a.drills is not None:
+            tasks = single_stage_tasks(a.drills, a.split, a.tasks)
+        else:
+            tasks = generate_multistage(a.output / "tasks", a.seed, a.tasks, families=families, stages=a.stages)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"eval.mechanism: {exc}", file=sys.stderr)
         return 2
     from reterm.policies import load_policy
@@ -262,6 +292,7 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     rows = [r for r in read_rows(journal) if r["task"] in {t.name for t in tasks}]
     m = summarize(rows)
     m["settings"] = {"model": a.model, "group_size": a.group_size, "temperature": a.temperature,
+                     "tasks": f"{a.drills.name}/{a.split} (single-stage)" if a.drills else "multi-stage drills",
                      "max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "stages": a.stages,
                      "seed": a.seed, "families": list(families)}  # fmt: skip
     m["wall_s"] = round(time.monotonic() - t0, 1)
