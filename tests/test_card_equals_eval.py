@@ -21,7 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PUBLISH = Path(__file__).parent / "fixtures" / "publish"
 CELL = re.compile(r"^(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] \(n=(\d+)\)$")
-DIFF = re.compile(r"^- (.+ - .+), (\S+): ([+-]\d+\.\d+) \[([+-]\d+\.\d+), ([+-]\d+\.\d+)\] \(n=(\d+)\): (.+)$")
+DIFF = re.compile(r"^- (.+ - .+), (\S+): ([+-]\d+\.\d+) \[([+-]\d+\.\d+), ([+-]\d+\.\d+)\] "
+                  r"\(n=(\d+)(?:; smallest difference detectable with 80% power: ([-\d.]+))?\): (.+)$")
 
 
 def _table(text: str, header_start: str) -> dict[str, list[str]]:
@@ -55,7 +56,7 @@ def _diff_lines(text: str) -> dict[tuple[str, str], tuple]:
     for ln in text.splitlines():
         m = DIFF.match(ln)
         if m:
-            out[(m[1], m[2])] = (float(m[3]), float(m[4]), float(m[5]), int(m[6]), m[7])
+            out[(m[1], m[2])] = (float(m[3]), float(m[4]), float(m[5]), int(m[6]), m[8], m[7])
     return out
 
 
@@ -65,7 +66,10 @@ def _check_diffs(text: str, results: dict) -> None:
                 if d.get("diff") is not None}  # fmt: skip
     assert set(shown) == set(expected) and expected
     for k, d in expected.items():
-        diff, lo, hi, n, verdict = shown[k]
+        diff, lo, hi, n, verdict, mde = shown[k]
+        if mde is not None:  # the run summary states each comparison's power
+            want = d.get("min_detectable_80")
+            assert (mde == "-" and want is None) or float(mde) == pytest.approx(want, abs=5e-4), k
         assert (diff, lo, hi) == pytest.approx((d["diff"], d["ci95"][0], d["ci95"][1]), abs=5e-4 + 1e-9), k
         assert n == d["n"], k
         assert ("no difference" in verdict or "includes 0" in verdict) == (not d["excludes_zero"]), (k, verdict)
