@@ -96,9 +96,13 @@ def test_check_runs_the_9b_recipe_for_one_step_on_tiny_qwen(sft, tiny_qwen, tmp_
     # the one step changed the weights (no warm-up in check mode)
     before, after = load_file(tiny_qwen / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    # the checkpoint loads text-only and keeps Qwen3.5's original template (TRL recognises it again)
+    # the checkpoint loads text-only and keeps Qwen3.5's original template with the recipe's thinking setting
+    # pinned (issue 25: a model trained without thinking is served without it)
+    from reterm.training.thinking import pin_thinking, pinned_value
+
     assert type(Qwen3_5ForCausalLM.from_pretrained(out)).__name__ == "Qwen3_5ForCausalLM"
-    assert AutoTokenizer.from_pretrained(out).chat_template == qwen3_5_think_chat_template
+    saved = AutoTokenizer.from_pretrained(out).chat_template
+    assert saved == pin_thinking(qwen3_5_think_chat_template, False) and pinned_value(saved) is False
     # run record
     assert (out / "recipe.yaml").read_bytes() == RECIPE_9B.read_bytes()
     argv = json.loads((out / "command.json").read_text())["argv"]
