@@ -116,7 +116,8 @@ def test_agent_defaults_stop_after_parse_errors_and_report_progress(tmp_path):
 
 @pytest.mark.slow
 def test_harbor_trial_of_base_smollm2_stops_on_parse_errors_with_its_steps_on_disk(tmp_path):
-    """The base model writes no tool call: the trial ends after 3 parse errors (default), long before the
+    """The base model writes no tool call: the trial ends after the shared default number of parse errors in a row
+    (reterm.generation.MAX_CONSECUTIVE_PARSE_ERRORS), long before the
     task's 1200 s agent timeout, prints a line per turn, and keeps its steps; no LiteLLM cost-map fetch."""
     env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
     args = [str(Path(sys.executable).parent / "harbor"), "run", "-p", str(SUITE_TASK),
@@ -131,7 +132,10 @@ def test_harbor_trial_of_base_smollm2_stops_on_parse_errors_with_its_steps_on_di
     result = json.loads((trial / "result.json").read_text())
     assert result["agent_result"]["metadata"]["stop_reason"] == "parse_errors"
     own = Trajectory.load(trial / "agent" / "reterm_trajectory.json")
-    assert len(own.steps) == 3 and all(s.action is None and s.parse_error for s in own.steps)
+    from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS
+
+    assert len(own.steps) == MAX_CONSECUTIVE_PARSE_ERRORS
+    assert all(s.action is None and s.parse_error for s in own.steps)
     assert from_atif(trial / "agent" / "trajectory.json") == own
     lines = [line for line in output.splitlines() if line.startswith("[reterm] reterm/semver-sort turn ")]
     assert [line.split()[3] for line in lines] == ["1/30", "2/30", "3/30"] and "parse error: " in lines[0]

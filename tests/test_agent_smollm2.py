@@ -51,7 +51,8 @@ def _atif(traj: Trajectory) -> dict:
 @pytest.mark.slow
 def test_reterm_run_smollm2_five_turns(tmp_path, capsys):
     out = tmp_path / "run"
-    args = [str(SUITE_TASK), "--policy", "smollm2", "--max-turns", str(TURNS), "--time-budget", "3600",
+    # --max-parse-errors 0: run every turn (the base model writes no tool call; the default stops after 2)
+    args = [str(SUITE_TASK), "--policy", "smollm2", "--max-turns", str(TURNS), "--time-budget", "3600", "--max-parse-errors", "0",
             "--output", str(out)] + [f"--policy-arg={k}={v}" for k, v in POLICY_KWARGS.items()]  # fmt: skip
     rc = run_main(args)
     printed = capsys.readouterr().out

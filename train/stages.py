@@ -420,10 +420,27 @@ def eval_config(
 
 
 # ---------------------------------------------------------------------------------- effective recipe
-def effective_recipe(command_json: Path, out: Path) -> dict[str, Any]:
+def _portable(value: Any, run_dir: Path | None) -> Any:
+    """``value`` with this machine's absolute paths made portable: under ``run_dir`` -> ``RUN/<rel>``, under the
+    checkout -> relative to it (a published recipe must not name this machine's folders; issue 26)."""
+    if isinstance(value, list):
+        return [_portable(v, run_dir) for v in value]
+    if not isinstance(value, str) or not value.startswith("/") and not value.startswith("hf:/"):
+        return value
+    prefix, path = ("hf:", value[3:]) if value.startswith("hf:") else ("", value)
+    p = Path(path)
+    for root, label in ((run_dir.resolve() if run_dir else None, "RUN"), (REPO, None)):
+        if root is not None and p.is_relative_to(root):
+            rel = p.relative_to(root).as_posix()
+            return prefix + (f"{label}/{rel}" if label else rel)
+    return value
+
+
+def effective_recipe(command_json: Path, out: Path, run_dir: Path | None = None) -> dict[str, Any]:
     """The recipe a training stage really ran with: its ``--config`` YAML plus the ``--key value``
     overrides of its command line (``command.json`` written by ``train/sft.py``/``train/grpo.py``), so the
     model card shows what was run. Values are parsed as YAML scalars (``10`` -> 10, ``false`` -> False).
+    Paths inside ``run_dir`` are written as ``RUN/...`` and paths inside the checkout relative to it.
 
     Raises:
         ValueError: ``command.json`` has no ``--config``.
@@ -450,7 +467,7 @@ def effective_recipe(command_json: Path, out: Path) -> dict[str, Any]:
             if "=" in key:
                 key, v = key.split("=", 1)
                 values = [v]
-            parsed = [yaml.safe_load(v) for v in values]
+            parsed = [_portable(yaml.safe_load(v), run_dir) for v in values]
             data[key] = True if not parsed else parsed[0] if len(parsed) == 1 else parsed
         elif arg == "--config":
             i += 1
@@ -459,7 +476,8 @@ def effective_recipe(command_json: Path, out: Path) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         f"# {recipe_path.relative_to(REPO) if recipe_path.is_relative_to(REPO) else recipe_path} "
-        "with the command-line overrides of this run (train/stages.py recipe)\n" + yaml.safe_dump(data, sort_keys=False)
+        "with the command-line overrides of this run (train/stages.py recipe; RUN = the run folder)\n"
+        + yaml.safe_dump(data, sort_keys=False)
     )
     return data
 
@@ -478,7 +496,7 @@ def cards(
     recipes = []
     for name, sub in (("sft", "sft"), ("grpo", "grpo-reterm")):
         dst = out / "recipes" / f"{name}.yaml"
-        effective_recipe(run_dir / sub / "command.json", dst)
+        effective_recipe(run_dir / sub / "command.json", dst, run_dir)
         recipes.append(dst)
     ckpt = run_dir / "grpo-reterm" / "merged"
     if not (ckpt / "config.json").is_file():
