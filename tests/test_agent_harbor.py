@@ -138,7 +138,7 @@ def test_harbor_trial_of_base_smollm2_stops_on_parse_errors_with_its_steps_on_di
     assert all(s.action is None and s.parse_error for s in own.steps)
     assert from_atif(trial / "agent" / "trajectory.json") == own
     lines = [line for line in output.splitlines() if line.startswith("[reterm] reterm/semver-sort turn ")]
-    assert [line.split()[3] for line in lines] == ["1/30", "2/30", "3/30"] and "parse error: " in lines[0]
+    assert [line.split()[3] for line in lines] == [f"{k}/30" for k in range(1, MAX_CONSECUTIVE_PARSE_ERRORS + 1)] and "parse error: " in lines[0]
     from datetime import datetime
 
     timing = {k: datetime.fromisoformat(v) for k, v in result["agent_execution"].items()}
