@@ -39,6 +39,7 @@ from typing import Any
 
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.drills.generate import recovery_commands
 from reterm.policies.scripted import OraclePolicy
 from reterm.records import release_columns, trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
@@ -72,18 +73,6 @@ def first_mistake(task_dir: Path) -> str:
     if not isinstance(cmd, str) or not cmd.strip():
         raise ValueError(f"{task_dir / 'task.toml'}: [metadata] first_mistake is missing")
     return cmd
-
-
-def recovery_commands(task_dir: Path) -> list[str]:
-    """The commands that complete the drill from the state its first mistake leaves (``[metadata] recovery``,
-    verified by the drills check); the reference solution when the task has none."""
-    meta = load_task(task_dir).config.metadata or {}
-    cmds = meta.get("recovery")
-    if isinstance(cmds, list) and cmds and all(isinstance(c, str) for c in cmds):
-        return list(cmds)
-    from reterm.tasks import solution_steps
-
-    return solution_steps(task_dir)
 
 
 def injected_teacher(dirs: list[Path]) -> OraclePolicy:

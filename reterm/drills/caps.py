@@ -8,7 +8,8 @@ the run's configuration (``tests/test_caps.py``).
 
 A turn is the assistant's tool-call text as :mod:`reterm.policies.scripted` writes it (the harness's own
 format, :func:`reterm.agent.protocol.format_tool_call`) plus the end-of-turn token, which a model's turn
-also spends.
+also spends (:func:`reterm.policies.scripted.turn_tokens`, the count :class:`~reterm.policies.scripted.TokenCapped`
+cuts by).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-END_OF_TURN = "<|im_end|>"
-"""The end-of-turn text of the ChatML templates (SmolLM2 with the kit's template, Qwen3.5)."""
+from reterm.policies.scripted import bash_call, submit_call, turn_tokens
 
 
 @dataclass(frozen=True)
@@ -42,28 +42,20 @@ class ReferenceNeeds:
                 and max(self.solution_turns, self.recovery_turns) <= max_turns)  # fmt: skip
 
 
-def turn_tokens(text: str, tokenizer: Any) -> int:
-    """Tokens a model spends writing ``text`` and ending its turn (:data:`END_OF_TURN` included)."""
-    return len(tokenizer(text + END_OF_TURN, add_special_tokens=False)["input_ids"])
-
-
 def reference_needs(task_dir: str | Path, tokenizer: Any) -> ReferenceNeeds:
     """The :class:`ReferenceNeeds` of one drill folder (or any task with a ``solution/solve.sh``).
 
     Raises:
         ValueError: the task has no solution steps (named by folder).
     """
-    import tomllib
-
-    from reterm.policies.scripted import bash_call, submit_call
+    from reterm.drills.generate import recovery_commands
     from reterm.tasks import solution_steps
 
     task_dir = Path(task_dir)
     solution = list(solution_steps(task_dir))
     if not solution:
         raise ValueError(f"{task_dir}: the task has no solution steps (solution/solve.sh)")
-    meta = tomllib.loads((task_dir / "task.toml").read_text()).get("metadata") or {}
-    recovery = meta.get("recovery") if isinstance(meta.get("recovery"), list) and meta.get("recovery") else solution
+    recovery = recovery_commands(task_dir)
     submit = turn_tokens(submit_call(), tokenizer)
 
     def longest(cmds: list[str]) -> int:

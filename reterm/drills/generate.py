@@ -137,6 +137,19 @@ def solve_script(drill: Drill, name: str) -> str:
     )
 
 
+def recovery_commands(task_dir: Path) -> list[str]:
+    """The commands that complete the drill from the state its first mistake leaves (``[metadata] recovery``,
+    as :func:`task_toml` writes it and the drills check verifies); the reference solution when the task has none."""
+    from reterm.agent.episode import load_task
+    from reterm.tasks import solution_steps
+
+    meta = load_task(Path(task_dir)).config.metadata or {}
+    cmds = meta.get("recovery")
+    if isinstance(cmds, list) and cmds and all(isinstance(c, str) for c in cmds):
+        return list(cmds)
+    return solution_steps(task_dir)
+
+
 def _sh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 

@@ -222,6 +222,15 @@ class OraclePolicy:
         return [Generation(text=self.reply(messages), finish_reason="stop") for messages in batch]
 
 
+END_OF_TURN = "<|im_end|>"
+"""The end-of-turn text of the ChatML templates (SmolLM2 with the kit's template, Qwen3.5)."""
+
+
+def turn_tokens(text: str, tokenizer: Any, eos: str = END_OF_TURN) -> int:
+    """Tokens a model spends writing ``text`` and ending its turn (``eos`` included)."""
+    return len(tokenizer(text + eos, add_special_tokens=False)["input_ids"])
+
+
 class TokenCapped:
     """A policy whose every reply is cut to ``max_new_tokens`` tokens, the way a model's generation is cut.
 
@@ -238,7 +247,7 @@ class TokenCapped:
         eos: the end-of-turn text appended before counting (SmolLM2's ChatML: ``<|im_end|>``).
     """
 
-    def __init__(self, policy: Any, tokenizer: Any, max_new_tokens: int, *, eos: str = "<|im_end|>") -> None:
+    def __init__(self, policy: Any, tokenizer: Any, max_new_tokens: int, *, eos: str = END_OF_TURN) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"TokenCapped: max_new_tokens must be >= 1, got {max_new_tokens}")
         self.policy, self.tokenizer, self.max_new_tokens, self.eos = policy, tokenizer, max_new_tokens, eos
@@ -247,7 +256,7 @@ class TokenCapped:
 
     def tokens(self, text: str) -> int:
         """Tokens a model spends writing ``text`` and ending its turn."""
-        return len(self.tokenizer(text + self.eos, add_special_tokens=False)["input_ids"])
+        return turn_tokens(text, self.tokenizer, self.eos)
 
     def generate(self, batch: list[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[Generation]:
         out = []
