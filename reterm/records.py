@@ -184,6 +184,11 @@ def release_columns(task_id: str, messages: list[dict[str, Any]], train_from_mes
             "trajectory_sha256": sha}
 
 
+NO_FAILURE_STEP = -1
+"""``failure_step`` of a record without a mistake: a verified reference solution from the task's start (the drills
+data's whole multi-stage solutions, :mod:`reterm.data.drills`), ``failure_category`` ``"none"``."""
+
+
 def mistake_message_indices(record: dict[str, Any]) -> list[int]:
     """Indices in ``record["messages"]`` of the assistant turns the record itself marks as the mistake.
 
@@ -192,15 +197,18 @@ def mistake_message_indices(record: dict[str, Any]) -> list[int]:
 
     - ``target_attempt_index`` 1 (step-level): the assistant turn of step ``failure_step``;
     - ``target_attempt_index`` 2 (attempt-level): every assistant turn of the failed first attempt, steps
-      ``0..failure_step`` (the attempt as a whole failed the verifier).
+      ``0..failure_step`` (the attempt as a whole failed the verifier);
+    - ``failure_step`` :data:`NO_FAILURE_STEP` (a reference solution from the task's start): none.
 
     Raises:
         ValueError: naming the record id when ``failure_step`` is missing or beyond the assistant turns.
     """
     rid = record.get("id") or "?"
     step = record.get("failure_step")
+    if step == NO_FAILURE_STEP:
+        return []
     if not isinstance(step, int) or step < 0:
-        raise ValueError(f"record {rid}: failure_step={step!r} (a step index >= 0)")
+        raise ValueError(f"record {rid}: failure_step={step!r} (a step index >= 0, or {NO_FAILURE_STEP}: no mistake)")
     turns = [i for i, m in enumerate(record["messages"]) if m["role"] == "assistant"]
     if step >= len(turns):
         raise ValueError(f"record {rid}: failure_step={step} but the conversation has {len(turns)} assistant turns")
@@ -210,4 +218,4 @@ def mistake_message_indices(record: dict[str, Any]) -> list[int]:
 def trains_on_mistake(record: dict[str, Any]) -> bool:
     """Whether SFT on ``messages[train_from_message_index:]`` (:mod:`reterm.training.sft_data`) would train on a
     turn the record marks as its mistake (:func:`mistake_message_indices`)."""
-    return max(mistake_message_indices(record)) >= int(record["train_from_message_index"])
+    return max(mistake_message_indices(record), default=-1) >= int(record["train_from_message_index"])

@@ -177,6 +177,32 @@ def test_regenerating_smaller_removes_stale_drills(tmp_path):
     assert names == ["exec-bit-000", "exec-bit-001", "mkdir-parent-000", "mkdir-parent-001", "notes"]
 
 
+def test_multistage_train_drills_are_sound_and_never_the_mechanisms_tasks(tmp_path):
+    """``--multistage N``: N two-stage train instances next to the single ones, sound in the sandbox (oracle 1,
+    null 0, first mistake 0, recovery 1), none of them one of the mechanism's multi-stage tasks."""
+    from reterm.drills.multistage import TRAIN_START, generate_multistage
+
+    assert tasks_main(["drills", "--out", str(tmp_path / "d"), "--per-family", "1", "--no-check", "--multistage", "2",
+                       "--families", "mkdir-parent,exec-bit,python-alias,copy-dir", "--ood-families", "copy-dir"]) == 0
+    splits = json.loads((tmp_path / "d" / "splits.json").read_text())
+    multi = [n for n in splits["train"] if n.startswith("multi-")]
+    assert multi == [f"multi-{TRAIN_START}", f"multi-{TRAIN_START + 1}"] and splits["drills"]["multistage"] == 2
+    for name in multi:
+        meta = tomllib.loads((tmp_path / "d" / name / "task.toml").read_text())["metadata"]
+        stages = meta["family"].removeprefix("multi:").split("+")
+        assert len(stages) == 2 and "copy-dir" not in stages and meta["drill_split"] == "train"  # never an OOD family
+        assert splits["tasks"][name]["family"] == meta["family"]
+    theirs = generate_multistage(tmp_path / "m", 0, 40, families=["mkdir-parent", "exec-bit", "python-alias"])
+    instructions = {(t.path / "instruction.md").read_text() for t in theirs}
+    assert not instructions & {(tmp_path / "d" / n / "instruction.md").read_text() for n in multi}
+    results = check_drills([tmp_path / "d" / n for n in multi], progress=False)
+    for r in results:
+        assert r.error is None and (r.oracle_reward, r.null_reward, r.mistake_reward, r.recovery_reward) == (
+            1.0, 0.0, 0.0, 1.0), r
+    with pytest.raises(ValueError, match="multistage must be 0 or more"):
+        generate_drills(tmp_path / "e", 0, 1, multistage=-1)
+
+
 def test_bad_options_are_named(tmp_path):
     with pytest.raises(ValueError, match="unknown drill family"):
         generate_drills(tmp_path, 0, 1, families=["no-such-family"])

@@ -134,8 +134,10 @@ def test_failure_state_arm_starts_from_the_failed_attempts_fork_and_resumes(tmp_
 def test_single_stage_control_takes_instances_spread_over_families(tmp_path):
     from reterm.drills import generate_drills
 
-    generate_drills(tmp_path, 0, 4)
+    generate_drills(tmp_path, 0, 4, multistage=2)
+    tasks = mechanism.single_stage_tasks(tmp_path, "train", 200)
+    assert tasks and not any(t.family.startswith("multi:") for t in tasks)  # the folder's two-stage drills stay out
     tasks = mechanism.single_stage_tasks(tmp_path, "train", 6)
     assert len(tasks) == 6 and len({t.family for t in tasks}) == 6 and all((t.path / "task.toml").is_file() for t in tasks)
-    with pytest.raises(ValueError, match="split 'nope' is empty"):
+    with pytest.raises(ValueError, match="split 'nope' has no single-stage instance"):
         mechanism.single_stage_tasks(tmp_path, "nope", 2)

@@ -36,6 +36,7 @@ from typing import Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from reterm.precision import resolve_training_bf16
 from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.failure_pool import FailurePool, PoolState, seed_states_from_records, task_start_states
 from reterm.training.grpo_config import ReTermGRPOConfig
@@ -253,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args, args, model_args, argv = parse_args(argv)
     require_model_and_dataset(model_args, script_args)
+    precision = resolve_training_bf16(args)  # a CPU recipe's bf16 only where the CPU has it
+    if precision:
+        print(f"[grpo] {precision}", file=sys.stderr)
     resolved = resolve_model_name_or_path(model_args.model_name_or_path)
     if ("/" in resolved or resolved.startswith(".")) and not Path(resolved).exists():
         raise FileNotFoundError(

@@ -192,15 +192,15 @@ else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
-    # The embedded default is sized for about an hour on 2 idle cores, set-up included (docs/REPRODUCING.md):
+    # The embedded default is sized for at most 100 minutes on 2 idle cores, set-up included (docs/REPRODUCING.md):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
-    # out whole), SmolLM2's and then the SFT model's own attempts on 48 train drills each, SFT for 120
-    # optimiser steps of 2 records, 15 GRPO steps of two groups of G=4 each (120 attempts). The evaluation is the longest part
-    # (CPU generation, ~60 tokens/s for a batch): 32 + 12 held-out instances for Pass@1 and 20 + 12 injected
-    # failure states for Recovery@1 per model keep it near a quarter of an hour for the four models.
-    DRILL_SIZE=(--per-family 32)
-    DATA_SIZE=(--own-tasks 48)
-    SFT_SIZE=(--max_steps 120)
+    # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
+    # of each family, types 48 whole two-stage solutions and 48 two-stage failed attempts with their recoveries,
+    # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
+    # 2 epochs (bf16 autocast where the CPU has it); 15 GRPO steps of two groups of G=4 each (120 attempts).
+    DRILL_SIZE=(--per-family 32 --multistage 48)
+    DATA_SIZE=(--own-tasks 24 --injected-per-family 5)
+    SFT_SIZE=()
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).

@@ -35,6 +35,7 @@ from typing import Any
 
 from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 
+from reterm.precision import resolve_training_bf16
 from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.lean import lean_fused_lm_head
 from reterm.training.likelihood import training_chat_template
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args, training_args, model_args, argv = parse_args(argv)
     require_model_and_dataset(model_args, script_args)
+    precision = resolve_training_bf16(training_args)  # a CPU recipe's bf16 only where the CPU has it
+    if precision:
+        print(f"[sft] {precision}", file=sys.stderr)
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming is not supported by train/sft.py")
 

@@ -39,9 +39,9 @@ from typing import Any
 
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
-from reterm.drills.generate import recovery_commands
+from reterm.drills.generate import recovery_commands, stage_parts
 from reterm.policies.scripted import OraclePolicy
-from reterm.records import release_columns, trains_on_mistake
+from reterm.records import NO_FAILURE_STEP, release_columns, trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.recovery.state import state_id_of
 from reterm.trajectory import Outcome, Step, Trajectory
@@ -136,7 +136,7 @@ def _family(task_dir: Path) -> str:
 
 def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int, failed: Step | None,
             recovery_turns: int, category: str, source: str, source_policy: str, replay: list[str], state_id: str,
-            family: str) -> dict[str, Any]:
+            family: str, injection: str | None = None) -> dict[str, Any]:
     """One dataset row: the release's six columns (:func:`reterm.records.release_columns`) of the verified
     trajectory ``traj``, then the kit's metadata columns (docs/PROTOCOL.md).
 
@@ -151,12 +151,15 @@ def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int
         replay: the bash commands that rebuild the failure state.
         state_id: the failure state's id (:func:`reterm.recovery.state.state_id`; column ``trajectory_id``).
         family: the drill family (``[metadata] family``).
+        injection: the ``injection`` column (default ``"first_mistake"`` for injected failures, else empty).
     """
+    if injection is None:
+        injection = "first_mistake" if source == "injected" else ""
     row = release_columns(traj.task_id, traj.to_messages(), train_from, target)
     row.update({
         "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
         "failure_step": failure_step, "failure_category": category, "failure_source": source,
-        "injection": "first_mistake" if source == "injected" else "",
+        "injection": injection,
         "failure_command": (failed.command if failed else "") or "",
         "failure_output": (failed.observation if failed else "") or "",
         "replay_commands": replay, "verifier_reward": float(traj.reward or 0.0), "attempts": 1,
@@ -170,8 +173,13 @@ def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int
 
 
 async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_turns: int,
-                 label: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """First attempts on ``dirs``, then one teacher recovery from each failed one. Returns the journal entry."""
+                 label: str | None = None, *, injection: str | None = None, category: str | None = None,
+                 in_attempt: bool | None = None) -> dict[str, Any]:  # fmt: skip
+    """First attempts on ``dirs``, then one teacher recovery from each failed one. Returns the journal entry.
+
+    ``injection`` names a scripted first attempt other than the drill's first mistake (the ``injection`` column);
+    ``category`` overrides every failure state's category (a scripted failure whose kind is known);
+    ``in_attempt`` adds the step-level records of :func:`_in_attempt_records` (default: for injected sources)."""
     firsts = await run_attempts(policy, dirs, max_turns=max_turns, keep_failed_snapshots=True)
     failed = [a for a in firsts if a.failed]
     entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": source,
@@ -179,7 +187,7 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
     try:
         states = [attempt_end_state(a) for a in failed]
         for a, st in zip(failed, states):
-            st.category = evidence_label(a, st.category, st.source == "localiser", source)
+            st.category = category or evidence_label(a, st.category, st.source == "localiser", source)
         recs = await run_attempts(teacher, [a.task_dir for a in failed], states=states,
                                   snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
     finally:
@@ -196,10 +204,67 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
                 failed=failed_step, recovery_turns=len(traj.steps) - traj.prefix_len, category=st.category,
                 source=source, source_policy=label or getattr(policy, "name", source),
                 replay=[s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
-                state_id=st.id, family=_family(a.task_dir)))  # fmt: skip
-    if source == "injected":
+                state_id=st.id, family=_family(a.task_dir), injection=injection))  # fmt: skip
+    if (source == "injected") if in_attempt is None else in_attempt:
         entry["records"] += await _in_attempt_records([a for a, st in zip(failed, states)],
                                                       {a.task_dir: st.category for a, st in zip(failed, states)})
+    return entry
+
+
+MULTISTAGE_KINDS = ("part1_submit", "part2_mistake", "part1_mistake")
+"""The scripted failed first attempts on a multi-stage train drill, one per instance in turn (instance ``i`` gets
+``MULTISTAGE_KINDS[i % 3]``), each recovered by the teacher after the feedback message (attempt-level records):
+
+- ``part1_submit``: part 1's solution, then submit (part 1 done, part 2 not started): the teacher does part 2;
+- ``part2_mistake``: part 1's solution, then part 2's natural first mistake, then submit: the teacher recovers
+  part 2 (the state an agent that cleared the first hurdle and failed the second leaves: the one ReTerm-GRPO forks
+  from);
+- ``part1_mistake``: part 1's natural first mistake, then submit: the teacher recovers part 1 and does part 2.
+
+Every instance also gives a whole reference solution from the task's start (``failure_step`` -1, category
+``none``): the model sees both parts done in one attempt."""
+
+
+def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
+    """``(first attempt's commands, teacher's commands, category)`` of a two-stage drill for a
+    :data:`MULTISTAGE_KINDS` entry (stages from :func:`reterm.drills.generate.stage_parts`).
+
+    Raises:
+        ValueError: naming the task when it is not a multi-stage drill or ``kind`` is unknown.
+    """
+    from reterm.drills.families import FAMILIES
+
+    parts = stage_parts(task_dir)
+    if len(parts) < 2:
+        raise ValueError(f"{task_dir}: not a multi-stage drill (no [metadata] stage_families)")
+    first, second = parts[0], parts[1]
+    rest = [c for p in parts[2:] for c in p["solution"]]
+    if kind == "part1_submit":
+        return first["solution"], [*second["solution"], *rest], "premature_completion"
+    if kind == "part2_mistake":
+        return [*first["solution"], second["first_mistake"]], [*second["recovery"], *rest], \
+            FAMILIES[second["family"]].category.value
+    if kind == "part1_mistake":
+        return [first["first_mistake"]], [*first["recovery"], *second["solution"], *rest], \
+            FAMILIES[first["family"]].category.value
+    raise ValueError(f"unknown multi-stage record kind {kind!r} (one of {MULTISTAGE_KINDS})")
+
+
+async def _whole_records(dirs: list[Path]) -> dict[str, Any]:
+    """Verified reference solutions from the task's start (``target_attempt_index`` 1, trained from the first
+    assistant turn, ``failure_step`` :data:`reterm.records.NO_FAILURE_STEP`). Returns the journal entry."""
+    runs = await run_attempts(OraclePolicy(dirs, name="oracle"), dirs, max_turns=12)
+    entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": "reference",
+                             "outcomes": Counter(r.trajectory.outcome.value for r in runs), "records": [], "states": []}
+    for r in runs:
+        traj = r.trajectory
+        if traj.outcome is not Outcome.SUCCESS:
+            continue
+        first_turn = next(i for i, m in enumerate(traj.to_messages()) if m["role"] == "assistant")
+        entry["records"].append(_record(
+            traj, first_turn, 1, failure_step=NO_FAILURE_STEP, failed=None, recovery_turns=len(traj.steps),
+            category="none", source="reference", source_policy="oracle", replay=[],
+            state_id=state_id_of(traj, []), family=_family(r.task_dir), injection=""))  # fmt: skip
     return entry
 
 
@@ -242,9 +307,23 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
     return rows
 
 
+def per_family(dirs: list[Path], n: int | None) -> list[Path]:
+    """The first ``n`` of ``dirs`` (in order) of each drill family (``[metadata] family``); all when ``n`` is None."""
+    if n is None:
+        return list(dirs)
+    count: Counter = Counter()
+    out = []
+    for d in dirs:
+        fam = _family(d)
+        if count[fam] < n:
+            count[fam] += 1
+            out.append(d)
+    return out
+
+
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
           held_out: float, max_tasks: int | None = None, max_new_tokens: int = 48,
-          own_tasks: int | None = None) -> dict[str, Any]:  # fmt: skip
+          own_tasks: int | None = None, injected_per_family: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
 
     Args:
@@ -252,8 +331,10 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             order; the i-th attempts the train instances ``i, i + step, ...`` (``own_tasks`` of them, spread
             over every family). Re-running with one more policy (the SFT checkpoint after the cold start: the
             paper's second round) keeps what the journal holds and adds that policy's records.
-        own_tasks: bound on the train instances each policy attempts (default all); injected first mistakes
-            cover every train instance.
+        own_tasks: bound on the train instances each policy attempts (default all).
+        injected_per_family: bound on the single-stage train instances of each family whose first mistake is
+            injected (default all). Multi-stage train instances (:func:`reterm.drills.generate.stage_parts`) give a
+            whole reference solution each and one scripted failed attempt of :data:`MULTISTAGE_KINDS` each.
     """
     from reterm.data.layout import write_dataset_folder
 
@@ -266,26 +347,50 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     if journal_path.exists():
         done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
     seen = {(e.get("key", e["source"]), t) for e in done for t in e["tasks"]}
-    teachers = {"injected": injected_teacher(dirs), "own": OraclePolicy(dirs, name="oracle-teacher")}
-    work: list[tuple[str, str, Any]] = [("injected", "injected", lambda: mistake_policy(dirs))]
+    multi = [d for d in dirs if stage_parts(d)]
+    single = [d for d in dirs if d not in set(multi)]
+    injected = per_family(single, injected_per_family)
+    own_teacher = OraclePolicy(dirs, name="oracle-teacher")
+    # (journal key, task folders, attempts generated together, chunk -> journal entry); policies load lazily
+    work: list[tuple[str, list[Path], int, Any]] = []
+    if injected:
+        mistakes, teacher = mistake_policy(injected), injected_teacher(injected)
+        work.append(("injected", injected, 16, lambda chunk: _batch(mistakes, teacher, chunk, "injected", 2)))
+    if multi:
+        work.append(("multi:whole", multi, 16, _whole_records))
+        for k, kind in enumerate(MULTISTAGE_KINDS):
+            mine = multi[k :: len(MULTISTAGE_KINDS)]
+            if not mine:
+                continue
+            plans = {d: _stage_plan(d, kind) for d in mine}
+            def run(chunk, plans=plans, kind=kind):  # fmt: skip
+                first = OraclePolicy([(load_task(d).instruction, plans[d][0]) for d in chunk], name=f"scripted:{kind}")
+                teacher = OraclePolicy([(load_task(d).instruction, plans[d][1]) for d in chunk], name="oracle-teacher")
+                cats = {plans[d][2] for d in chunk}
+                return _batch(first, teacher, chunk, "injected", 6, injection=kind, in_attempt=False,
+                              category=cats.pop() if len(cats) == 1 else None)  # fmt: skip
+            # one category per batch: batches of one kind grouped by the category the plan names
+            by_cat: dict[str, list[Path]] = {}
+            for d in mine:
+                by_cat.setdefault(plans[d][2], []).append(d)
+            for cat, ds in sorted(by_cat.items()):
+                work.append((f"multi:{kind}:{cat}", ds, 16, run))
     step = max(1, len(dirs) // own_tasks) if own_tasks else 1
-    own_dirs: dict[str, list[Path]] = {}
+    loaded: dict[str, Any] = {}
     for j, spec in enumerate(policies):
         from reterm.policies import load_policy
 
-        work.append(("own", f"own:{spec}", lambda spec=spec: load_policy(
-            spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)))  # fmt: skip
-        own_dirs[f"own:{spec}"] = dirs[j % step :: step][:own_tasks]
-    for source, key, make in work:
-        todo = [d for d in own_dirs.get(key, dirs) if (key, d.name) not in seen]
-        if not todo:
-            continue
-        pol = make()
-        size = batch if source == "own" else 16
+        key = f"own:{spec}"
+        def run_own(chunk, spec=spec, key=key):  # fmt: skip
+            if key not in loaded:
+                loaded[key] = load_policy(spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)
+            return _batch(loaded[key], own_teacher, chunk, "own", max_turns, policy_label(spec))
+        work.append((key, dirs[j % step :: step][:own_tasks], batch, run_own))
+    for key, key_dirs, size, run_chunk in work:
+        todo = [d for d in key_dirs if (key, d.name) not in seen]
         for i in range(0, len(todo), size):
             chunk = todo[i : i + size]
-            entry = asyncio.run(_batch(pol, teachers[source], chunk, source, max_turns if source == "own" else 2,
-                                       policy_label(key.split(":", 1)[-1]) if source == "own" else None))
+            entry = asyncio.run(run_chunk(chunk))
             entry["key"] = key
             with journal_path.open("a") as f:
                 f.write(json.dumps(entry, ensure_ascii=False) + "\n")
@@ -314,6 +419,11 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             c["failure_states"] += 1
             c["attempts"] += int(outcome in ("success", "failure"))
             c["successful_attempts"] += int(outcome == "success")
+        if e["source"] == "reference":  # whole reference solutions: attempts without a failure state (category none)
+            c = per_cat.setdefault("none", Counter())
+            c["failure_states"] += 0
+            c["attempts"] += len(e["tasks"])
+            c["successful_attempts"] += len(e["records"])
     episodes = sum(len(e["tasks"]) for e in done)
     failed = sum(len(e["states"]) for e in done)
     verified = sum(len(e["records"]) for e in done)  # verified recoveries of both kinds, before deduplication
@@ -336,7 +446,8 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         "teacher": ", ".join(sorted({r["teacher"] for r in rows})) or "oracle-teacher",
         "config": {"tasks": Path(tasks).name, "max_turns": max_turns,
                    "episodes_by_policy": dict(Counter(
-                       "first-mistake" if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
+                       e.get("key", "") if e.get("key", "").startswith("multi:") else "first-mistake"
+                       if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
                        for e in done for _ in e["tasks"])), "batch": batch, "held_out": held_out,
                    "prompt_version": PROMPT_VERSION,
                    "records_by_source_policy": dict(Counter(f"{r['failure_source']}:{r['source_policy']}" for r in rows))},
@@ -359,12 +470,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held-out", type=float, default=0.08, help="share of train tasks whose records form `test`")
     p.add_argument("--max-tasks", type=int, default=None, help="use only the first N train instances")
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
+    p.add_argument("--injected-per-family", type=int, default=None,
+                   help="inject the first mistake on at most N single-stage train instances per family (default all)")
     a = p.parse_args(argv)
     try:
         policies = [p for p in (a.policy if a.policy is not None else ["smollm2"]) if p]
         build(a.tasks, a.output, policies=policies, max_turns=a.max_turns, batch=a.batch,
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
-              own_tasks=a.own_tasks)
+              own_tasks=a.own_tasks, injected_per_family=a.injected_per_family)
     except (FileNotFoundError, ValueError) as exc:
         print(f"pipeline.drills: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,12 @@ Splits (``<out>/splits.json``, the format of ``tasks/splits.json`` plus ``test_o
 instance when ``floor((k + 1) * f) > floor(k * f)`` (``f`` = ``test_fraction``), else ``train``. That
 rule puts ``floor(n * f)`` of the first ``n`` instances in ``test`` and keeps every instance's split the
 same when ``per_family`` grows.
+
+With ``multistage = N`` the folder also holds ``N`` two-stage ``train`` instances
+(:mod:`reterm.drills.multistage`, folders ``multi-<index>`` from index
+:data:`reterm.drills.multistage.TRAIN_START`), drawn from the generated in-distribution families: records on
+them teach the SFT cold start to carry on after a hurdle instead of submitting. Their indices never meet
+the mechanism's multi-stage tasks (indices below ``TRAIN_START``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
 from reterm.drills.model import Drill
@@ -98,6 +105,13 @@ def task_toml(drill: Drill, *, name: str, split: str, seed: int, index: int) -> 
     ]  # fmt: skip
     if drill.mistake_timeout_s is not None:
         lines.append(f"mistake_timeout_sec = {float(drill.mistake_timeout_s)}")
+    if drill.parts:  # a multi-stage drill: each stage's commands (reterm.drills.generate.stage_parts reads them)
+        lines += [
+            f"stage_families = {_toml_list([p['family'] for p in drill.parts])}",
+            f"stage_mistakes = {_toml_list([p['first_mistake'] for p in drill.parts])}",
+            "stage_solutions = [" + ", ".join(_toml_list(p["solution"]) for p in drill.parts) + "]",
+            "stage_recoveries = [" + ", ".join(_toml_list(p["recovery"]) for p in drill.parts) + "]",
+        ]  # fmt: skip
     lines += [
         f"drill_split = {_toml_str(split)}", f"drill_seed = {int(seed)}", f"drill_index = {int(index)}",
         f"tags = {_toml_list(drill.tags)}", 'license = "Apache-2.0"', "",
@@ -148,6 +162,28 @@ def recovery_commands(task_dir: Path) -> list[str]:
     if isinstance(cmds, list) and cmds and all(isinstance(c, str) for c in cmds):
         return list(cmds)
     return solution_steps(task_dir)
+
+
+def stage_parts(task_dir: Path) -> list[dict[str, Any]]:
+    """A multi-stage drill's stages in order, each ``{"family", "first_mistake", "solution", "recovery"}``, as
+    :func:`task_toml` writes them (``[metadata] stage_*``); ``[]`` for a single-stage drill.
+
+    Raises:
+        ValueError: naming the task.toml when the ``stage_*`` lists disagree in length or hold a non-string.
+    """
+    meta = tomllib.loads((Path(task_dir) / "task.toml").read_text()).get("metadata") or {}
+    fams = meta.get("stage_families")
+    if not fams:
+        return []
+    lists = [meta.get(k) for k in ("stage_mistakes", "stage_solutions", "stage_recoveries")]
+    if any(not isinstance(x, list) or len(x) != len(fams) for x in lists):
+        raise ValueError(f"{Path(task_dir) / 'task.toml'}: [metadata] stage_* lists must all have {len(fams)} items")
+    out = []
+    for fam, mistake, sol, rec in zip(fams, *lists):
+        if not (isinstance(mistake, str) and all(isinstance(c, str) for c in [*sol, *rec])):
+            raise ValueError(f"{Path(task_dir) / 'task.toml'}: [metadata] stage {fam!r}: commands must be strings")
+        out.append({"family": fam, "first_mistake": mistake, "solution": list(sol), "recovery": list(rec)})
+    return out
 
 
 def _sh_quote(text: str) -> str:
@@ -210,6 +246,7 @@ def generate_drills(
     families: list[str] | None = None,
     ood_families: tuple[str, ...] | list[str] = DEFAULT_OOD_FAMILIES,
     test_fraction: float = 0.25,
+    multistage: int = 0,
 ) -> list[DrillInstance]:
     """Write ``per_family`` instances of each family under ``out`` and ``out/splits.json``.
 
@@ -223,6 +260,7 @@ def generate_drills(
         families: the families to write (default: all of :data:`FAMILIES`).
         ood_families: families held out whole as ``test_ood``; each must be among ``families``.
         test_fraction: share of each in-distribution family's instances held out as ``test`` (0 to 1).
+        multistage: two-stage ``train`` instances to add (see the module doc; 0: none).
 
     Returns:
         The instances written, in family then index order.
@@ -245,6 +283,8 @@ def generate_drills(
         raise ValueError(f"per_family must be at least 1, not {per_family}")
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), not {test_fraction}")
+    if multistage < 0:
+        raise ValueError(f"multistage must be 0 or more, not {multistage}")
     out.mkdir(parents=True, exist_ok=True)
     instances: list[DrillInstance] = []
     splits: dict = {s: [] for s in SPLITS}
@@ -264,12 +304,23 @@ def generate_drills(
             instances.append(DrillInstance(name, family, drill.category, k, split, path, seed))
             splits[split].append(name)
             splits["tasks"][name] = {"categories": [drill.category], "difficulty": "easy", "family": family}
+    if multistage:
+        from reterm.drills.multistage import TRAIN_START, make_multistage, stage_families
+
+        stage_fams = stage_families([f for f in names if f not in ood_families])
+        for k in range(TRAIN_START, TRAIN_START + multistage):
+            drill = make_multistage(seed, k, families=stage_fams)
+            name = instance_name("multi", k)
+            path = write_task(task_files(drill, name=name, split="train", seed=seed, index=k), out / name)
+            instances.append(DrillInstance(name, drill.family, drill.category, k, "train", path, seed))
+            splits["train"].append(name)
+            splits["tasks"][name] = {"categories": [drill.category], "difficulty": "medium", "family": drill.family}
     written = {i.name for i in instances}
     for d in out.iterdir():
         if d.is_dir() and d.name not in written and _is_drill_folder(d):
             shutil.rmtree(d)
     splits["drills"] = {"seed": seed, "per_family": per_family, "families": names, "ood_families": list(ood_families),
-                        "test_fraction": test_fraction}  # fmt: skip
+                        "test_fraction": test_fraction, "multistage": multistage}  # fmt: skip
     from reterm.trajectory import write_json_atomic
 
     write_json_atomic(out / "splits.json", splits)
@@ -282,11 +333,12 @@ def summary_table(instances: list[DrillInstance]) -> str:
     fams: dict[str, dict[str, int]] = {}
     cats: dict[str, str] = {}
     for i in instances:
-        fams.setdefault(i.family, dict.fromkeys(SPLITS, 0))[i.split] += 1
-        cats[i.family] = i.category
+        fam = "multi-stage" if i.family.startswith("multi:") else i.family  # one row for every stage pair
+        fams.setdefault(fam, dict.fromkeys(SPLITS, 0))[i.split] += 1
+        cats[fam] = "(its first stage's)" if fam == "multi-stage" else i.category
     for fam, n in fams.items():
         rows.append(f"| {fam} | {cats[fam]} | {n['train']} | {n['test']} | {n['test_ood']} |")
     tot = {s: sum(n[s] for n in fams.values()) for s in SPLITS}
-    rows.append(f"| **{len(fams)} families** | {len(set(cats.values()))} categories | {tot['train']} | {tot['test']} "
+    rows.append(f"| **{len(fams)} families** | {len({i.category for i in instances})} categories | {tot['train']} | {tot['test']} "
                 f"| {tot['test_ood']} |")  # fmt: skip
     return "\n".join(rows) + "\n"

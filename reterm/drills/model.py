@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from reterm.recovery.taxonomy import Category, parse_category
 
@@ -59,6 +59,9 @@ class Drill:
             ``None``: the solution does (see :attr:`recovery_commands`).
         stages: the chained hurdles of a multi-stage drill (:mod:`reterm.drills.multistage`); each stage has
             1 to 4 commands of the solution.
+        parts: a multi-stage drill's stages in order, each ``{"family", "solution", "first_mistake",
+            "recovery"}`` (commands as lists of strings): what the multi-stage records of the SFT data are typed
+            from (:mod:`reterm.data.drills`). Empty for a single-stage drill.
     """
 
     family: str
@@ -76,6 +79,7 @@ class Drill:
     test_files: dict[str, str] = field(default_factory=dict)
     recovery: list[str] | None = None
     stages: int = 1
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         cat = parse_category(self.category)

@@ -25,12 +25,19 @@ from reterm.drills.generate import instance_name, make_drill, task_files, write_
 from reterm.drills.model import Drill
 from reterm.recovery.taxonomy import Category
 
-DEFAULT_STAGE_FAMILIES: tuple[str, ...] = tuple(
-    name for name, fam in FAMILIES.items()
-    if name not in DEFAULT_OOD_FAMILIES and fam.category is not Category.TIMEOUT_HANG
-)  # fmt: skip
-"""Families a stage is drawn from by default: the in-distribution ones, without hanging mistakes (a stage whose
-mistake never returns would end most attempts at the first hurdle, whatever the policy)."""
+def stage_families(families: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The ones of ``families`` a stage may be drawn from: those whose mistake does not hang (a stage whose
+    mistake never returns would end most attempts at the first hurdle, whatever the policy)."""
+    return tuple(name for name in families if FAMILIES[name].category is not Category.TIMEOUT_HANG)
+
+
+DEFAULT_STAGE_FAMILIES: tuple[str, ...] = stage_families([n for n in FAMILIES if n not in DEFAULT_OOD_FAMILIES])
+"""Families a stage is drawn from by default: the in-distribution ones, without hanging mistakes."""
+
+TRAIN_START = 10_000
+"""First index of the multi-stage ``train`` instances a drills folder may hold
+(:func:`reterm.drills.generate.generate_drills`); the mechanism's tasks use indices below it, so the two never
+share an instance."""
 
 
 def compose(stages: list[Drill]) -> Drill:
@@ -61,6 +68,8 @@ def compose(stages: list[Drill]) -> Drill:
         first_mistake=first.first_mistake, mistake_signal=first.mistake_signal, topic=first.topic,
         tags=sorted({t for d in stages for t in d.tags} | {"multi-stage"}), run=[c for d in stages for c in d.run],
         test_files=test_files, recovery=None, stages=len(stages),
+        parts=[{"family": d.family, "solution": list(d.solution), "first_mistake": d.first_mistake,
+                "recovery": d.recovery_commands} for d in stages],
     )  # fmt: skip
 
 

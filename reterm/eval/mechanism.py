@@ -171,9 +171,10 @@ def single_stage_tasks(drills: Path, split: str, n: int) -> list[Any]:
     from reterm.drills.multistage import MultiStageInstance
     from reterm.eval.drills import spread
 
-    names = read_splits(drills).get(split) or []
+    # the folder's multi-stage train instances (``multi-10000``, ...) are not single-stage
+    names = [n for n in read_splits(drills).get(split) or [] if not n.startswith("multi-")]
     if not names:
-        raise ValueError(f"{drills}/splits.json: split {split!r} is empty")
+        raise ValueError(f"{drills}/splits.json: split {split!r} has no single-stage instance")
     out = []
     for name in spread(sorted(names), n):
         meta = tomllib.loads((drills / name / "task.toml").read_text()).get("metadata") or {}

@@ -109,7 +109,8 @@ class TransformersPolicy:
         adapter: optional PEFT adapter folder or Hub id applied on top of ``model``.
         sampling: a :class:`SamplingParams`; overridden field by field by ``temperature``, ``top_p``,
             ``max_new_tokens`` and ``seed`` when given.
-        dtype: ``"auto"`` (float32 on a CPU, bfloat16 on a GPU that supports it, else float16) or a
+        dtype: ``"auto"`` (on a CPU bfloat16 where it has bf16 matrix instructions, else float32:
+            :func:`reterm.precision.auto_cpu_dtype`; bfloat16 on a GPU that supports it, else float16) or a
             torch dtype name (``"float32"``, ``"bfloat16"``, ...).
         device: ``"auto"`` (``cuda`` when available, else ``cpu``) or a torch device string.
         max_context: context length in tokens (prompt + generation); default: the model's
@@ -209,8 +210,10 @@ class TransformersPolicy:
         import torch
 
         if dtype == "auto":
-            if device.type == "cpu":
-                return torch.float32
+            if device.type == "cpu":  # bf16 where the CPU has bf16 matrix instructions (reterm.precision)
+                from reterm.precision import auto_cpu_dtype
+
+                return getattr(torch, auto_cpu_dtype())
             if device.type == "cuda" and torch.cuda.is_bf16_supported():
                 return torch.bfloat16
             return torch.float16

@@ -87,7 +87,7 @@ def _drills(args: argparse.Namespace) -> int:
     try:
         instances = generate_drills(args.out, args.seed, args.per_family, families=names(args.families),
                                     ood_families=DEFAULT_OOD_FAMILIES if ood is None else ood,
-                                    test_fraction=args.test_fraction)  # fmt: skip
+                                    test_fraction=args.test_fraction, multistage=args.multistage)  # fmt: skip
     except (ValueError, KeyError) as exc:
         print(f"reterm tasks drills: {exc}", file=sys.stderr)
         return 2
@@ -145,6 +145,7 @@ def main(argv: list[str]) -> int:
                    "(default: cwd-relative,sqlite-schema; an empty string holds out none)")  # fmt: skip
     p.add_argument("--test-fraction", type=float, default=0.25,
                    help="share of each other family's instances held out as test (default 0.25)")  # fmt: skip
+    p.add_argument("--multistage", type=int, default=0, help="also write N two-stage train drills (multi-10000, ...)")
     p.add_argument("--no-check", action="store_true", help="write only; skip the sandbox check")
     p.add_argument("-n", "--n-concurrent", type=int, default=2, help="drills checked at a time (default 2)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -248,6 +248,7 @@ class ReTermGRPOTrainer(GRPOTrainer):
                                         generation_kwargs=self.generation_kwargs,
                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model,
             torch.no_grad(),
+            self.accelerator.autocast(),  # bf16 matrix products when the run is bf16 (a CPU with AMX included)
         ):  # fmt: skip
             out = self.kv_cache.generate(model, prompt_ids, max_new_tokens=max_new_tokens,
                                          stop_token_ids=list(self.eos_token_ids), pad_token_id=pad,
