@@ -82,3 +82,17 @@ def test_cli_writes_the_split_the_data_stage_reads(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "reterm.cli", "tasks", "decontaminate", str(collection),
                           "--benchmark", "terminal-bench@9"], cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "benchmark terminal-bench@9: not a folder" in bad.stderr
+
+
+def test_the_9b_configs_name_the_decontaminated_collection():
+    import yaml
+
+    from reterm.data.config import load_config
+
+    cfg = load_config(REPO / "pipeline" / "configs" / "reterm-10k.yaml")
+    assert cfg.tasks.path.name == "endless-terminals" and cfg.tasks.split == "train" and cfg.tasks.eval_split is None
+    grpo = yaml.safe_load((REPO / "train" / "recipes" / "qwen3.5-9b" / "grpo.yaml").read_text())
+    assert grpo["task_dirs"] == ["data/endless-terminals"]  # GRPO forks from the data stage's tasks
+    text = (REPO / "pipeline" / "configs" / "reterm-10k.yaml").read_text()
+    assert "hf download obiwan96/endless-terminals --repo-type dataset" in text
+    assert "reterm tasks decontaminate data/endless-terminals --benchmark data/terminal-bench-2.0" in text
