@@ -365,7 +365,7 @@ def check_launch(launcher: list[str], script_argv: list[str]) -> str | tuple[str
         stage = (defaults.deepspeed_config or {}).get("zero_stage")
         detail += f", ZeRO stage {stage}"
         if importlib.util.find_spec("deepspeed") is None:
-            return "WARN", detail + "; deepspeed is not installed here (pip install deepspeed on the GPU machine)"
+            return "WARN", detail + "; deepspeed is not installed here (requirements-gpu.txt, on the GPU machine)"
     return detail
 
 
