@@ -13,7 +13,8 @@ import sys
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("reterm.sandbox.cli", "prepare the local sandbox's base image; sweep leftovers"),
-    "tasks": ("reterm.tasks.cli", "check and verify task folders (oracle and null agents); generate drills"),
+    "tasks": ("reterm.tasks.cli", "check and verify task folders (oracle and null agents); generate drills; "
+              "decontaminate a training collection"),
     "run": ("reterm.agent.cli", "run one episode of the agent on a task and print it step by step"),
     "serve": ("reterm.policies.serve", "serve a local model behind an OpenAI-compatible API"),
     "data": ("reterm.data.build", "build the ReTerm-10K recovery dataset (`reterm data build`)"),

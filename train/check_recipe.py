@@ -25,13 +25,18 @@ plan as JSON and exits. What it checks, in order (each line says OK, WARN, MISSI
    merge (accelerate's ``_validate_launch_command``; accelerate has no public dry run), and the settings the
    Trainer would refuse at construction are found here (:func:`check_launch`: FSDP's activation
    checkpointing together with the trainer's). DeepSpeed itself is needed only on the GPU machine.
-5. **GPU machine and credentials** (reported, never a failure here): GPUs, ``vllm``/``deepspeed``
-   importable and ``vllm`` in this environment's ``bin/``, ``HF_TOKEN`` (or a ``hf auth login`` token),
+5. **GPU kernels, machine and credentials**: the packages of ``requirements-gpu.txt`` (flash-linear-attention,
+   fla-core, causal-conv1d, deepspeed) at their pinned versions, Triton new enough for fla's Hopper backward, an
+   installed vLLM whose torch/transformers requirements this environment meets, and which implementation
+   transformers' Qwen3.5 kernel functions dispatch to (:func:`gpu_package_checks`): a missing or mismatched one is
+   a FAIL on a machine with a CUDA GPU and a WARN on one without. Then (reported, never a failure): GPUs, ``vllm``
+   in this environment's ``bin/``, ``HF_TOKEN`` (or a ``hf auth login`` token),
    ``HUB_ORG``, ``DAYTONA_API_KEY``, the policy and teacher endpoints (``RETERM_POLICY_URL``,
    ``RETERM_TEACHER_URL``, else the configs' URLs, probed with ``GET /models``). Secrets are never printed.
 
 Exit status: 1 when a FAIL was found (a config that does not parse, a trainer that does not build or step,
-a launch command that does not compose), else 0; WARN and MISSING (credentials, GPUs, network) do not fail.
+a launch command that does not compose, a GRPO micro-batch above 80 GB, a GPU kernel missing on a GPU machine),
+else 0; WARN and MISSING (credentials, GPUs, network, kernels on a CPU) do not fail.
 Written for this kit: it strings together the checks each part already offers.
 """
 
@@ -360,35 +365,58 @@ def check_launch(launcher: list[str], script_argv: list[str]) -> str | tuple[str
         stage = (defaults.deepspeed_config or {}).get("zero_stage")
         detail += f", ZeRO stage {stage}"
         if importlib.util.find_spec("deepspeed") is None:
-            return "WARN", detail + "; deepspeed is not installed here (pip install deepspeed on the GPU machine)"
+            return "WARN", detail + "; deepspeed is not installed here (requirements-gpu.txt, on the GPU machine)"
     return detail
 
 
-# Qwen3.5-9B's text model as the arithmetic below assumes it (transformers 5.24's Qwen3_5TextConfig defaults;
-# compare with the checkpoint's config.json): parameters, hidden size, layers, MLP width, vocabulary
-QWEN35_9B = {"params": 9.0e9, "hidden": 4096, "layers": 32, "intermediate": 12288, "vocab": 248320}
+# Qwen3.5-9B's text model (transformers 5.24's Qwen3_5TextConfig defaults; compare with the checkpoint's config.json):
+# parameters, hidden size, layers, MLP width, vocabulary
+QWEN35_9B = {"params": 8.95e9, "hidden": 4096, "layers": 32, "intermediate": 12288, "vocab": 248320}
 GPU_GB = 80.0
+#: Per-sequence terms measured on one H200 (2026-12-04; Qwen3.5-9B-shaped model with random weights, bf16, batch 1,
+#: activation checkpointing, loss through TRL 1.16's chunked LM head; issue 32, docs/REPRODUCING.md), at
+#: ``MEASURED_SEQ`` tokens, in GB (1e9 bytes). "fla" = with flash-linear-attention 0.6.0 + causal-conv1d, "torch" =
+#: transformers' reference PyTorch code for the Gated DeltaNet layers.
+MEASURED_SEQ = 32768
+MEASURED_9B_GB = {
+    "checkpointed activations": 10.2,              # one saved input a layer for 32K tokens (the estimate was 8.6)
+    "recomputed layer": {"fla": 10.0, "torch": 18.0},  # a layer's forward recomputed plus its backward, at its peak
+    "lm head gradient": 4.1 + 2.0,                 # TRL's chunked head: an fp32 gradient of the 248,320 x 4,096
+}                                                  # head and its bf16 copy, at any length
+#: Per-GPU memory no measurement on one GPU shows: the CUDA context and NCCL buffers (~1.5 GB) and ZeRO-3's live
+#: gathered parameters and reduce bucket (accelerate's defaults: up to 1e9 live parameters = 2 GB in bf16, a 5e8
+#: bucket = 1 GB). A margin, not a measurement.
+ZERO3_MARGIN_GB = 4.5
 
 
 def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8, model: dict[str, float] | None = None,
-                       checkpointing: bool | None = None) -> dict[str, float]:
+                       checkpointing: bool | None = None, kernels: str = "fla") -> dict[str, float]:
     """Per-GPU memory (GB, 1e9 bytes) of one GRPO micro-batch at the recipe's longest sequence, ZeRO-3 over
-    ``n_gpus`` with a colocated vLLM engine. An estimate, written out in docs/REPRODUCING.md (the 9B run):
+    ``n_gpus`` with a colocated vLLM engine, from the terms measured on one H200 (:data:`MEASURED_9B_GB`):
 
-    - ZeRO-3 states: bf16 weights + bf16 gradients + fp32 master weights + two fp32 Adam moments =
+    - ZeRO-3 states (arithmetic): bf16 weights + bf16 gradients + fp32 master weights + two fp32 Adam moments =
       16 bytes a parameter, sharded over the GPUs;
-    - vLLM: ``vllm_gpu_memory_utilization`` x 80 GB (its own bf16 copy of the weights and the KV cache);
-    - checkpointed activations: one bf16 hidden state a token a layer (``activation_checkpointing``, else
-      ~34 values a token a hidden unit a layer, the usual transformer estimate);
-    - the recomputed layer in the backward pass: the MLP's three ``intermediate``-wide bf16 tensors a token;
-    - logits: none are materialised for the batch (TRL 1.16 scores through ``add_fused_lm_head``: the LM
-      head runs in tiles over the positions with a label); 2 GB are kept for a tile and its gradient;
-    - 4 GB for the CUDA context, NCCL buffers, ZeRO-3's gathered layers and fragmentation.
+    - vLLM (a budget): ``vllm_gpu_memory_utilization`` x 80 GB (its own bf16 copy of the weights and the KV cache);
+    - checkpointed activations (measured): 10.2 GB a 32K sequence, scaled linearly with the tokens of the
+      micro-batch; without activation checkpointing, the usual ~34 values a token a hidden unit a layer (arithmetic);
+    - the recomputed layer's forward and backward at its peak (measured): 10 GB a 32K sequence with
+      flash-linear-attention, 18 GB on transformers' PyTorch fallback (``kernels="torch"``), scaled linearly (the
+      fallback grows faster than linearly: below 32K this overestimates it);
+    - the LM head's gradient (measured): TRL 1.16 scores through ``add_fused_lm_head``, which never materialises
+      the logits but allocates the head's full fp32 gradient (4.1 GB) and a bf16 copy (2.0 GB) in backward;
+    - a margin for the CUDA context, NCCL and ZeRO-3's gathered parameters and buckets (:data:`ZERO3_MARGIN_GB`).
 
+    The three activation terms are added although they do not all peak at the same moment (their sum, 26 GB at 32K
+    with fla, is above the 20.3 GB of "peak - weights - gradients" measured on one GPU): a bound, not a forecast.
     Every term is per sequence times ``per_device_train_batch_size``, at ``max_state_prompt_tokens +
     max_completion_length`` tokens (capped by ``vllm_max_model_length``). ``checkpointing`` (default: the
     trainer's ``activation_checkpointing``) is true too when FSDP checkpoints the activations instead.
+
+    Raises:
+        ValueError: ``kernels`` is neither ``"fla"`` nor ``"torch"``.
     """
+    if kernels not in ("fla", "torch"):
+        raise ValueError(f"kernels must be 'fla' or 'torch', not {kernels!r}")
     m = model or QWEN35_9B
     b = args.per_device_train_batch_size
     seq = (args.max_state_prompt_tokens or 0) + args.max_completion_length
@@ -396,22 +424,29 @@ def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8, model: dict[s
         seq = min(seq, args.vllm_max_model_length)
     if checkpointing is None:
         checkpointing = bool(args.activation_checkpointing)
-    per_token_layer = 2 * m["hidden"] if checkpointing else 34 * m["hidden"]
+    scale = b * seq / MEASURED_SEQ
+    activations = (MEASURED_9B_GB["checkpointed activations"] * scale if checkpointing
+                   else b * seq * m["layers"] * 34 * m["hidden"] / 1e9)  # fmt: skip
     out = {
         "zero3 states": 16 * m["params"] / n_gpus / 1e9,
         "vllm": (args.vllm_gpu_memory_utilization if use_vllm else 0.0) * GPU_GB,
-        "activations": b * seq * m["layers"] * per_token_layer / 1e9,
-        "recomputed layer": b * seq * 3 * m["intermediate"] * 2 / 1e9,
-        "logit tiles": 2.0,
-        "overhead": 4.0,
+        "activations": activations,
+        "recomputed layer": MEASURED_9B_GB["recomputed layer"][kernels] * scale,
+        "lm head gradient": MEASURED_9B_GB["lm head gradient"],
+        "margin": ZERO3_MARGIN_GB,
     }
     out["total"] = sum(out.values())
     return out
 
 
 def check_grpo_memory(script_argv: list[str], launcher: list[str] | None = None) -> str:
-    """:func:`grpo_gpu_memory_gb` of a GRPO command's arguments (activation checkpointing by the trainer or
-    by the launcher's FSDP config); raises ``ValueError`` above 80 GB."""
+    """:func:`grpo_gpu_memory_gb` of a GRPO command's arguments (activation checkpointing by the trainer or by the
+    launcher's FSDP config), with the recipe's kernels (requirements-gpu.txt: flash-linear-attention); the figure
+    on transformers' PyTorch fallback is reported beside it.
+
+    Raises:
+        ValueError: above 80 GB with the recipe's kernels, naming the terms and what to lower.
+    """
     import yaml
 
     fsdp_ac = False
@@ -423,13 +458,16 @@ def check_grpo_memory(script_argv: list[str], launcher: list[str] | None = None)
     recipe = yaml.safe_load((REPO / script_argv[script_argv.index("--config") + 1]).read_text()) or {}
     flags = [script_argv[i + 1] for i, x in enumerate(script_argv[:-1]) if x == "--use_vllm"]
     use_vllm = str(flags[-1]).lower() == "true" if flags else bool(recipe.get("use_vllm", False))
-    est = grpo_gpu_memory_gb(args, use_vllm, checkpointing=bool(args.activation_checkpointing) or fsdp_ac)
+    ckpt = bool(args.activation_checkpointing) or fsdp_ac
+    est = grpo_gpu_memory_gb(args, use_vllm, checkpointing=ckpt)
+    fallback = grpo_gpu_memory_gb(args, use_vllm, checkpointing=ckpt, kernels="torch")["total"]
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total")
     msg = (f"micro-batch {args.per_device_train_batch_size} x {args.max_state_prompt_tokens} + "
-           f"{args.max_completion_length} tokens: ~{est['total']:.0f} GB per GPU ({parts})")  # fmt: skip
+           f"{args.max_completion_length} tokens: ~{est['total']:.0f} GB per GPU with flash-linear-attention ({parts}; "
+           f"{GPU_GB - est['total']:.0f} GB to spare), ~{fallback:.0f} GB on the PyTorch fallback")  # fmt: skip
     if est["total"] > GPU_GB:
         raise ValueError(msg + f" > {GPU_GB:.0f} GB: lower per_device_train_batch_size (raise "
-                         "gradient_accumulation_steps to keep the groups per step)")  # fmt: skip
+                         "gradient_accumulation_steps to keep the groups per step) or vllm_gpu_memory_utilization")  # fmt: skip
     return msg
 
 
@@ -521,12 +559,37 @@ def gpus() -> tuple[str, str]:
     return ("OK" if n >= 8 else "WARN"), f"{n} GPU(s)" + ("" if n >= 8 else "; the 9B recipes are written for 8")
 
 
-def package(name: str, why: str) -> tuple[str, str]:
-    if importlib.util.find_spec(name) is None:
-        return "MISSING", f"not installed ({why}; install on the GPU machine)"
-    from importlib.metadata import version
+GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
 
-    return "OK", f"{version(name)}"
+
+def gpu_package_checks(requirements: Path = GPU_REQUIREMENTS, machine: tuple[bool, bool, str] | None = None,
+                       **kwargs: Any) -> list[tuple[str, str, str]]:
+    """The GPU packages of ``requirements-gpu.txt`` as ``(item, status, detail)`` lines, then the machine and the
+    Qwen3.5 kernel functions transformers dispatches to here.
+
+    A package that is missing or at another version than pinned (or Triton too old for fla's Hopper backward, or an
+    installed vLLM whose torch/transformers requirements are not met) is ``FAIL`` on a machine with a CUDA GPU and
+    ``WARN`` on one without: the 9B recipe runs on them only there.
+
+    Args:
+        requirements: the pins (default the repository's ``requirements-gpu.txt``).
+        machine: ``(on_gpu, hopper, description)``, default :func:`reterm.training.kernels.cuda_summary`.
+        kwargs: passed to :func:`reterm.training.kernels.check_gpu_packages` (a test's fake environment).
+    """
+    from reterm.training.kernels import check_gpu_packages, cuda_summary, kernels_in_use, read_pins
+
+    on_gpu, hopper, where = machine or cuda_summary()
+    lines = [(c.name + (f"=={c.wanted}" if c.wanted[0].isdigit() else ""), c.status(on_gpu), c.detail)
+             for c in check_gpu_packages(read_pins(requirements), hopper=hopper, **kwargs)]  # fmt: skip
+    if "version_of" not in kwargs:  # what transformers really dispatches to in this environment
+        used = kernels_in_use()
+        fallback = [f for f, impl in used.items() if impl.startswith("torch fallback")]
+        detail = "; ".join(f"{f} -> {impl}" for f, impl in used.items())
+        status = "OK" if not fallback else ("FAIL" if on_gpu else "WARN")
+        lines.append(("Qwen3.5 kernels in use", status, detail))
+    lines.append(("CUDA (torch)", "OK" if on_gpu else "WARN",
+                  where + ("" if on_gpu else ": kernel problems are warnings here, failures on a GPU machine")))  # fmt: skip
+    return lines
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -612,13 +675,13 @@ def main(argv: list[str] | None = None) -> int:
         for stage in ("grpo", "grpo-standard"):
             if "launcher" in plan.get(stage, {}):
                 launcher, script = split_launcher(plan[stage]["command"])
-                c.run("memory", f"{stage} on 80 GB GPUs (estimate)",
+                c.run("memory", f"{stage} on 80 GB GPUs (measured terms)",
                       lambda sc=script, la=launcher: check_grpo_memory(sc, la))
 
-    print("== 5. GPU machine, credentials and endpoints (reported; not failures here)")
+    print("== 5. GPU kernels (requirements-gpu.txt: failures on a GPU machine), machine, credentials, endpoints")
     c.add("machine", "GPUs", *gpus())
-    c.add("machine", "vllm", *package("vllm", "generation in GRPO and serving for the data and eval stages"))
-    c.add("machine", "deepspeed", *package("deepspeed", "ZeRO-3 (train/accelerate_configs/zero3.yaml)"))
+    for check in gpu_package_checks():
+        c.add("kernels", *check)
     c.add("secrets", "HF_TOKEN", *check_secret("HF_TOKEN", "download Qwen3.5-9B, publish to the Hub", _hf_login))
     org = os.environ.get("HUB_ORG")
     c.add("secrets", "HUB_ORG", *(("OK", f"{org} (the cards stage publishes for real)") if org else

@@ -6,7 +6,9 @@
 #   bash train/run_all.sh                              # embedded default: SmolLM2-135M, local sandbox, CPU
 #   bash train/run_all.sh --recipe qwen3.5-9b          # the paper's scale: Qwen3.5-9B on 8 GPUs
 #   bash train/run_all.sh --recipe qwen3.5-9b --check  # what can be checked without GPUs (configs, code paths,
-#                                                      # commands, credentials)
+#                                                      # commands, credentials, the GPU kernels)
+#   bash train/run_all.sh --recipe qwen3.5-9b --gpu-smoke  # ONE GPU, random weights: an SFT and a GRPO step at the
+#                                                      # longest sequence; memory per term, tokens/s, MFU
 #   bash train/run_all.sh --from eval                  # run from a stage on (the earlier ones are done)
 #   bash train/run_all.sh --only cards                 # run one stage
 #   bash train/run_all.sh --size ci                    # the reduced chain CI runs (fewer tasks and steps)
@@ -65,6 +67,8 @@ Options:
   --check            validate the recipe without running it (configs, trainers on a tiny model,
                      commands, credentials); exits non-zero only for real problems
   --dry-run          print each stage's command instead of running it
+  --gpu-smoke        (qwen3.5-9b) one SFT and one GRPO micro-batch on one GPU with random weights, no download
+                     (train/gpu_smoke.py; the tiny Qwen3.5 on a machine without CUDA); writes RUN/gpu-smoke.json
 Environment (9B recipe): HF_TOKEN, HUB_ORG (publish for real under this org), DAYTONA_API_KEY,
   RETERM_POLICY_URL (an OpenAI-compatible server of the base model; default: start vLLM here),
   RETERM_TEACHER_URL (the teacher endpoint of the data pipeline), ACCELERATE_CONFIG (zero3 or fsdp2).
@@ -72,7 +76,7 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------- command line
-RECIPE=smollm2-135m; SIZE=default; RUN=""; FROM=""; ONLY=(); FORCE=0; CHECK=0; DRY_RUN=0
+RECIPE=smollm2-135m; SIZE=default; RUN=""; FROM=""; ONLY=(); FORCE=0; CHECK=0; DRY_RUN=0; GPU_SMOKE=0
 STAGES=(setup drills data sft mechanism mine grpo grpo-standard eval cards summary)
 while [ $# -gt 0 ]; do
   case "$1" in --recipe|--size|--run-dir|--from|--only)
@@ -87,6 +91,7 @@ while [ $# -gt 0 ]; do
     --force) FORCE=1; shift ;;
     --check) CHECK=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --gpu-smoke) GPU_SMOKE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run_all.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -225,6 +230,14 @@ case "$SIZE" in
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
 DATASET=$RUN/data
+
+if [ "$GPU_SMOKE" = 1 ]; then
+  # ------------------------------------------------------------------------------------ --gpu-smoke
+  # The recipe's model from its config (random weights, nothing downloaded) on one GPU: forward + backward of an SFT
+  # and a GRPO micro-batch at the recipe's longest sequence, kernels named, memory per term, tokens/s, MFU.
+  [ "$RECIPE" = qwen3.5-9b ] || { echo "run_all.sh: --gpu-smoke is for --recipe qwen3.5-9b" >&2; exit 2; }
+  exec "$PY" train/gpu_smoke.py --recipe "$RECIPE" --out "$RUN/gpu-smoke.json"
+fi
 
 if [ "$CHECK" = 1 ]; then
   # ------------------------------------------------------------------------------------ --check

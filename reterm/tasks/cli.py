@@ -5,6 +5,10 @@
                                                              oracle and null agents through Harbor on the
                                                              local sandbox: rewards and wall times
     reterm tasks steps TASK                                  the reference solution as terminal commands
+    reterm tasks decontaminate COLLECTION --benchmark DIR|terminal-bench@2.0 [...] [--ngram 8] [--threshold 0.5]
+                                                             remove a training collection's tasks that are (by id)
+                                                             or ask for (by instruction) benchmark tasks; writes
+                                                             COLLECTION/splits.json and a report
     reterm tasks drills --out DIR --seed S --per-family N [--no-check] [--ood-families a,b]
                                                              generate recovery drills (reterm.drills) and
                                                              check each: oracle 1, null 0, first mistake 0
@@ -114,6 +118,20 @@ def _drills(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _decontaminate(args: argparse.Namespace) -> int:
+    from reterm.tasks.decontaminate import decontaminate, load_benchmark, write_outputs
+
+    root = Path(args.collection)
+    benchmarks = [t for spec in args.benchmark for t in load_benchmark(spec)]
+    report = decontaminate(root, benchmarks, ngram=args.ngram, threshold=args.threshold)
+    split_file = Path(args.split_file) if args.split_file else root / "splits.json"
+    report_file = Path(args.report) if args.report else root / "decontamination.json"
+    write_outputs(report, split_file, report_file)
+    print(report.to_markdown())
+    print(f"written: {split_file} (train: {len(report.kept)} tasks), {report_file} and {report_file.with_suffix('.md')}")
+    return 0 if report.kept else 1
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``reterm tasks``; returns the exit status (1 when a task is invalid or fails)."""
     parser = argparse.ArgumentParser(prog="reterm tasks", description=__doc__,
@@ -135,6 +153,17 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("steps", help="print a task's reference solution split into terminal commands")
     p.add_argument("task")
     p.set_defaults(func=_steps)
+    p = sub.add_parser("decontaminate", help="remove a training collection's benchmark overlaps (id, instruction)")
+    p.add_argument("collection", help="a folder of task folders (e.g. data/endless-terminals)")
+    p.add_argument("--benchmark", action="append", required=True,
+                   help="a folder of benchmark task folders (harbor download terminal-bench@2.0 -o DIR) or "
+                   "terminal-bench@2.0 (the shipped id list: ids only); repeatable")  # fmt: skip
+    p.add_argument("--ngram", type=int, default=8, help="words per n-gram of the instruction check (default 8)")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="shared share of n-grams at which a task is removed (default 0.5)")  # fmt: skip
+    p.add_argument("--split-file", help="where the kept tasks go (default COLLECTION/splits.json, key train)")
+    p.add_argument("--report", help="the report (default COLLECTION/decontamination.json, and .md)")
+    p.set_defaults(func=_decontaminate)
     p = sub.add_parser("drills", help="generate recovery drills (small learnable tasks) and check them")
     p.add_argument("--out", required=True, help="output folder (one task folder per drill, plus splits.json)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
@@ -155,7 +184,7 @@ def main(argv: list[str]) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except TaskLoadError as exc:  # e.g. a path that is not a folder: the message names it
+    except (TaskLoadError, ValueError) as exc:  # e.g. a path that is not a folder: the message names it
         print(f"reterm tasks {args.cmd}: {exc}", file=sys.stderr)
         return 2
 
