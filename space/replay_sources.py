@@ -2,7 +2,7 @@
 
 A source is named by one string (:func:`open_source` tells the kinds apart):
 
-- **ReTerm-10K records** (:data:`reterm.records.FEATURES`): a dataset folder as ``reterm data build`` or
+- **ReTerm-10K records** (:data:`reterm.record_features.FEATURES`): a dataset folder as ``reterm data build`` or
   ``push_to_hub`` writes it (``data/{split}-*.parquet``), a ``.parquet``/``.jsonl`` file, or a Hub dataset
   id (``ORG/NAME``: fetched with ``huggingface_hub.snapshot_download``, or taken from the Hub cache when
   the Hub cannot be reached, which is found out within :data:`HUB_TIMEOUT_S`; then

@@ -23,11 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bottom to top. A module belongs to the layer of the longest entry that names it or a package above it
 # (``reterm`` itself names only the package's ``__init__``).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # shared types and helpers: the trajectory schema, dataset records, the agent protocol (what every model
-    # and every harness reads and writes), interval statistics, JSON and Hub-metadata helpers, the tiny model
-    ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.agent.protocol", "reterm.json_files",
-              "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards", "reterm.io",
-              "reterm.generation")),
+    # shared types and helpers: the trajectory schema, dataset records (the light helpers, and apart the
+    # ``datasets`` schema), the tool-call wire format (what every model and every harness writes and parses),
+    # interval statistics, JSON and Hub-metadata helpers, generation defaults, the tiny model
+    ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.record_features", "reterm.tool_calls",
+              "reterm.json_files", "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards",
+              "reterm.io", "reterm.generation")),
     ("sandbox", ("reterm.sandbox",)),
     ("tasks", ("reterm.tasks",)),
     ("policies", ("reterm.policies",)),
@@ -36,9 +37,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data and training", ("reterm.data", "reterm.training")),
     ("eval", ("reterm.eval",)),
     ("cards", ("reterm.cards",)),
-    # command lines and what only they run (whole Harbor trials for `reterm tasks verify`): any layer
-    ("entry points", ("reterm.publish", "reterm.cli", "reterm.sandbox.cli", "reterm.tasks.cli", "reterm.tasks.verify",
-                      "reterm.agent.cli", "reterm.recovery.__main__")),
+    # command lines that run whole pipelines of other layers: `reterm` itself, `reterm publish`,
+    # `reterm tasks` (its `verify` runs whole Harbor trials and scores them with the agent layer's trial
+    # rules; `drills` generates drills), `python -m reterm.recovery`
+    ("entry points", ("reterm.publish", "reterm.cli", "reterm.tasks.cli", "reterm.tasks.verify",
+                      "reterm.recovery.__main__")),
 ]
 # Importable only in the checkout: the application folders keep thin scripts, the tests are not the product.
 NOT_LIBRARY = ("eval", "pipeline", "dataset_card", "model_card", "tests", "train", "space", "bench")

@@ -1,7 +1,7 @@
 """Render the ReTerm-10K dataset card from the pipeline's published folder.
 
 Inputs (the folder :mod:`reterm.data.layout` describes): ``data/{split}-*.parquet`` with
-:data:`reterm.records.FEATURES` and ``stats.json`` (:class:`reterm.data.dataset_stats.DatasetStats`; the run's
+:data:`reterm.record_features.FEATURES` and ``stats.json`` (:class:`reterm.data.dataset_stats.DatasetStats`; the run's
 config is its ``config`` field). Output: a ``huggingface_hub.DatasetCard`` whose metadata carries the
 licence, task categories, tags, size category, language, ``configs`` (one ``data/{split}-*`` pattern per
 split, for the dataset viewer and ``load_dataset``) and ``dataset_info`` (features and split sizes, as
@@ -40,7 +40,7 @@ TEMPLATE = Path(__file__).with_name("templates") / "dataset.md"
 TAGS = ["agent", "terminal", "tool-use", "error-recovery", "trajectories", "sft", "grpo", "reterm"]
 
 # What each column holds (the card's schema table). Kept next to the card; a test checks that every
-# column of reterm.records.FEATURES is described here.
+# column of reterm.record_features.FEATURES is described here.
 COLUMN_DOCS: dict[str, str] = {
     "id": "`<task_id>:<first 16 hex digits of trajectory_sha256>` (the release's id; identical records share it)",
     "task_id": "id of the terminal task the episode ran on",
@@ -120,12 +120,12 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
     """Row counts per split, records per category and per failure source, one example record, and sizes
     (``{split: Arrow bytes}`` plus ``"download_size"``: bytes of the parquet files).
 
-    Raises ``ValueError`` when the shards disagree with ``stats`` or with ``reterm.records.FEATURES``.
+    Raises ``ValueError`` when the shards disagree with ``stats`` or with ``reterm.record_features.FEATURES``.
     """
     import pyarrow.parquet as pq
     from datasets import Features
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     shards = dataset_shards(folder)
     if set(shards) != set(stats.splits):
@@ -149,7 +149,7 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
                 extra = sorted(set(features) - set(FEATURES))
                 changed = sorted(k for k in set(FEATURES) & set(features) if FEATURES[k] != features[k])
                 raise ValueError(
-                    f"{path}: columns differ from reterm.records.FEATURES "
+                    f"{path}: columns differ from reterm.record_features.FEATURES "
                     f"(missing {missing}, unexpected {extra}, different types {changed})"
                 )
             table = pq.read_table(path)
@@ -238,7 +238,7 @@ def _fence(text: str, limit: int, lang: str = "text") -> str:
 
 
 def _schema_rows() -> list[tuple[str, str, str]]:
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     def type_name(feature: Any) -> str:
         name = type(feature).__name__
@@ -268,7 +268,7 @@ def card_metadata(stats: DatasetStats, rows: dict[str, int], sizes: dict[str, in
     from datasets.info import DatasetInfosDict
     from datasets.utils.metadata import MetadataConfigs
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     data = DatasetCardData(
         pretty_name=stats.name,

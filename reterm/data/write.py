@@ -1,6 +1,6 @@
 """Stage 6: records from verified attempts, the dataset folder in the Hub layout, and ``stats.json``.
 
-- A **record** (:data:`reterm.records.FEATURES`) is one attempt's whole conversation in the training
+- A **record** (:data:`reterm.record_features.FEATURES`) is one attempt's whole conversation in the training
   format (:meth:`reterm.trajectory.Trajectory.to_messages`, normalised with
   :func:`reterm.records.normalise_message`): the failure prefix, then the recovery, ``train_from_message_index``
   pointing at the first recovery message. Its ``id`` is a hash of task and messages, so identical
@@ -32,7 +32,8 @@ from reterm.data.config import PipelineConfig
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
 from reterm.io import atomic_output, default_mode, write_text_atomic
-from reterm.records import FEATURES, release_columns
+from reterm.record_features import FEATURES
+from reterm.records import release_columns
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
 FAILED_DIR = "failed_attempts"

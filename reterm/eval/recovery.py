@@ -69,7 +69,7 @@ class RecoveryFromStatesSpec(BaseModel):
     """``recovery_from_states:`` of an eval config.
 
     Args:
-        records: ReTerm-10K records (:data:`reterm.records.FEATURES`): a dataset folder
+        records: ReTerm-10K records (:data:`reterm.record_features.FEATURES`): a dataset folder
             (``datasets.load_dataset``), a ``.parquet`` or a ``.jsonl`` file. Each record's failure
             state is its prefix ``messages[:train_from_message_index]`` and its ``replay_commands``.
         jobs: Harbor job folders; the primary failure state of each failed trial

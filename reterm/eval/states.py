@@ -11,7 +11,7 @@ Each state is a short command prefix that makes the natural mistake its task was
 fresh local sandbox, so the observations are the harness's own; the task's verifier must still fail
 there, and :func:`reterm.recovery.localise.localise` (rules) must find the failure state at the last
 step: its category is the localiser's, not a hand label. Rows have the ReTerm-10K layout
-(:data:`reterm.records.FEATURES`; ``failure_source = "injected"``, ``injection`` says where the prefix
+(:data:`reterm.record_features.FEATURES`; ``failure_source = "injected"``, ``injection`` says where the prefix
 comes from), so :func:`reterm.eval.recovery.states_from_records` reads them like pipeline records.
 
 Run (about a minute): ``python eval/states/build_states.py [--tasks tasks] [--out eval/states/test_split.jsonl]``.

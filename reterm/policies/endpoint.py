@@ -119,7 +119,7 @@ def tool_calls_to_text(
         ``[<think>\\nREASONING\\n</think>\\n\\n]CONTENT[SEP]CALL[\\nCALL...]`` with ``SEP`` as the
         format's chat template writes it (``\\n`` for ChatML/Hermes, ``\\n\\n`` for Qwen3.5).
     """
-    from reterm.agent.protocol import format_tool_call
+    from reterm.tool_calls import format_tool_call
 
     calls = []
     for call in tool_calls:

@@ -96,7 +96,7 @@ def tool_call_message(text: str, tools: list[dict[str, Any]] | None) -> tuple[di
     (``arguments`` a JSON string) with ``content`` = the text outside the call or ``None``. Otherwise
     (no tools, no valid call, a tool not offered) ``content`` is ``text`` and ``tool_calls`` is ``None``.
     """
-    from reterm.agent.protocol import parse_action
+    from reterm.tool_calls import parse_action
 
     plain = {"role": "assistant", "content": text, "tool_calls": None}
     if not tools:

@@ -159,7 +159,7 @@ class State:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "State":
-        """From a dataset record (:data:`reterm.records.FEATURES`).
+        """From a dataset record (:data:`reterm.record_features.FEATURES`).
 
         ``level`` is ``attempt`` for ``target_attempt_index = 2`` (history: ``messages[:train_from_message_index]``,
         the failed attempt and the feedback) and ``in_attempt`` for 1 (history: the steps up to and including

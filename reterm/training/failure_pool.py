@@ -188,7 +188,7 @@ def seed_states_from_records(
     *,
     exclude: set[str] | None = None,
 ) -> tuple[list[PoolState], Counter]:
-    """Seed failure states from ReTerm-10K records (:data:`reterm.records.FEATURES` rows).
+    """Seed failure states from ReTerm-10K records (:data:`reterm.record_features.FEATURES` rows).
 
     The state's prompt is ``messages[:train_from_message_index]`` (the failure prefix). Records are skipped, and
     counted by reason, when their task folder is not found (``unknown_task``), their task is excluded
