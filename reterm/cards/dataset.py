@@ -31,9 +31,11 @@ from typing import Any
 import yaml
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.data.dataset_stats import DatasetStats, load_stats
 from reterm.data.layout import dataset_shards
 from reterm.hub_metadata import check_readme, size_category
+from reterm.recovery.taxonomy import DEFINITIONS
 
 TEMPLATE = Path(__file__).with_name("templates") / "dataset.md"
 
@@ -107,10 +109,6 @@ def _is_category(cat: str) -> bool:
 
 def _category_definitions(categories: list[str]) -> dict[str, str]:
     """One-line definitions of the taxonomy ids (:mod:`reterm.recovery.taxonomy`), first clause only."""
-    try:
-        from reterm.recovery.taxonomy import DEFINITIONS
-    except ImportError:  # the taxonomy module is optional for rendering
-        return {}
     by_id = {getattr(k, "value", str(k)): v for k, v in DEFINITIONS.items()}
     return {c: by_id[c].split(":")[0].split(" (")[0] for c in categories if c in by_id}
 
@@ -190,7 +188,6 @@ def _pick_example(records: list[dict[str, Any]], best: dict[str, Any] | None) ->
 # --------------------------------------------------------------------------------- sections
 def _example_markdown(record: dict[str, Any]) -> str:
     """The worked example: every message in order, the failing step and the recovery marked."""
-    from reterm.agent.protocol import SYSTEM_PROMPT
 
     out = []
     assistant_steps = -1

@@ -39,7 +39,9 @@ from typing import Any
 
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.data.layout import write_dataset_folder
 from reterm.drills.generate import recovery_commands
+from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.records import release_columns, trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
@@ -255,7 +257,6 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         own_tasks: bound on the train instances each policy attempts (default all); injected first mistakes
             cover every train instance.
     """
-    from reterm.data.layout import write_dataset_folder
 
     t0 = time.monotonic()
     splits = read_splits(tasks)
@@ -271,8 +272,6 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     step = max(1, len(dirs) // own_tasks) if own_tasks else 1
     own_dirs: dict[str, list[Path]] = {}
     for j, spec in enumerate(policies):
-        from reterm.policies import load_policy
-
         work.append(("own", f"own:{spec}", lambda spec=spec: load_policy(
             spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)))  # fmt: skip
         own_dirs[f"own:{spec}"] = dirs[j % step :: step][:own_tasks]

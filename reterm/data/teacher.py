@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.protocol import SYSTEM_PROMPT
+from reterm.policies import load_policy
 from reterm.policies.base import Generation
 from reterm.policies.scripted import CallFormat, bash_call, submit_call
 from reterm.recovery import FailureState
@@ -185,7 +186,6 @@ def load_recovery_policy(spec: str, kwargs: dict[str, Any], tasks: dict[str, Pat
     """
     if spec == ORACLE_GUIDED:
         return OracleGuidedTeacher(tasks, **kwargs)
-    from reterm.policies import load_policy
 
     if spec == "self":
         if rollout_policy == "scripted":

@@ -29,6 +29,7 @@ import yaml
 
 from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
+from reterm.data.layout import write_dataset_folder
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
 from reterm.io import atomic_output, default_mode, write_text_atomic
@@ -204,7 +205,6 @@ def write_output(output: Path, splits: dict[str, list[dict[str, Any]]], failed: 
                  stats: dict[str, Any], cfg: PipelineConfig) -> dict[str, Any]:  # fmt: skip
     """Write the dataset folder (``splits``: :func:`split_records`), the failed attempts, the run's config
     and versions. Returns the paths."""
-    from reterm.data.layout import write_dataset_folder
 
     shards = write_dataset_folder(output, splits, stats)
     failed_path = write_parquet(failed, output / FAILED_DIR / "attempts-00000-of-00001.parquet")

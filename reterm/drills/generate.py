@@ -31,8 +31,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from reterm.agent.episode import load_task
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
 from reterm.drills.model import Drill
+from reterm.trajectory import write_json_atomic
 
 SPLITS = ("train", "test", "test_ood")
 TIER = "drills"
@@ -140,7 +142,6 @@ def solve_script(drill: Drill, name: str) -> str:
 def recovery_commands(task_dir: Path) -> list[str]:
     """The commands that complete the drill from the state its first mistake leaves (``[metadata] recovery``,
     as :func:`task_toml` writes it and the drills check verifies); the reference solution when the task has none."""
-    from reterm.agent.episode import load_task
     from reterm.tasks import solution_steps
 
     meta = load_task(Path(task_dir)).config.metadata or {}
@@ -270,7 +271,6 @@ def generate_drills(
             shutil.rmtree(d)
     splits["drills"] = {"seed": seed, "per_family": per_family, "families": names, "ood_families": list(ood_families),
                         "test_fraction": test_fraction}  # fmt: skip
-    from reterm.trajectory import write_json_atomic
 
     write_json_atomic(out / "splits.json", splits)
     return instances

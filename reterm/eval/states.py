@@ -27,7 +27,13 @@ import json
 import sys
 from pathlib import Path
 
+from reterm.agent.episode import run_episode
+from reterm.agent.protocol import TOOLS
 from reterm.io import write_text_atomic
+from reterm.policies.scripted import ScriptedPolicy
+from reterm.records import normalise_message
+from reterm.recovery.localise import localise
+from reterm.trajectory import Outcome, Trajectory
 
 # (task, prefix commands, per-command timeout in seconds); the last command is the mistake.
 PREFIXES: list[tuple[str, list[str], float | None]] = [
@@ -53,13 +59,7 @@ INJECTION = "hand-written failure prefix (eval/states/build_states.py)"
 
 
 async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float | None) -> dict:
-    from reterm.agent.episode import run_episode
-    from reterm.agent.protocol import TOOLS
-    from reterm.policies.scripted import ScriptedPolicy
-    from reterm.records import normalise_message
-    from reterm.recovery.localise import localise
     from reterm.sandbox.local import LocalEnvironment
-    from reterm.trajectory import Outcome, Trajectory
 
     task_dir = tasks / task
     env = LocalEnvironment.for_task(task_dir)

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reterm.agent.atif import from_messages
+from reterm.records import chat_messages
 from reterm.trajectory import Step, Trajectory
 
 Level = Literal["attempt", "in_attempt"]
@@ -165,8 +167,6 @@ class State:
         the failed attempt and the feedback) and ``in_attempt`` for 1 (history: the steps up to and including
         ``failure_step``); ``source`` is ``failure_source`` (``own`` when absent). Raises ``ValueError`` naming the record id for a field that is missing or wrong.
         """
-        from reterm.agent.atif import from_messages
-        from reterm.records import chat_messages
 
         rid = record.get("id", "?")
         try:

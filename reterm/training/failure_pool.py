@@ -37,6 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.atif import from_messages
+from reterm.agent.protocol import FEEDBACK_MESSAGE, initial_messages
+from reterm.policies.transformers_policy import template_messages
+from reterm.records import chat_messages
+from reterm.recovery import localise
+from reterm.recovery.attempts import with_feedback
 from reterm.recovery.state import state_id
 from reterm.trajectory import Step, Trajectory
 
@@ -161,7 +166,6 @@ def _without_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _check_prompt(state: PoolState) -> str | None:
     """Why ``state.prompt`` cannot be a group's prompt (None when it can): the harness must rebuild it
     exactly (``Trajectory.to_messages`` of the parsed history), and it must end with an observation."""
-    from reterm.policies.transformers_policy import template_messages
 
     try:
         rebuilt = state.trajectory.to_messages()
@@ -177,7 +181,6 @@ def _check_prompt(state: PoolState) -> str | None:
 def _attempt_level(state: "PoolState") -> bool:
     """True when ``state`` is an attempt-level failure state: its prompt ends with the feedback message that
     follows a failed attempt (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`)."""
-    from reterm.agent.protocol import FEEDBACK_MESSAGE
 
     return bool(state.prompt) and (state.prompt[-1].get("content") or "") == FEEDBACK_MESSAGE
 
@@ -198,7 +201,6 @@ def seed_states_from_records(
     Returns:
         ``(states, skipped)``; duplicate prefixes (same task and prompt) are kept once (``duplicate``).
     """
-    from reterm.records import chat_messages
 
     exclude = excluded_task_ids() if exclude is None else exclude
     states: list[PoolState] = []
@@ -239,8 +241,6 @@ def task_start_states(task_ids: Iterable[str], task_dirs: Sequence[str | Path]) 
     """
     from harbor.models.task.task import Task
 
-    from reterm.agent.protocol import initial_messages
-
     exclude = excluded_task_ids()
     out = []
     for task_id in sorted(set(task_ids)):
@@ -274,7 +274,6 @@ def online_states_from_attempt(
         step: the current optimiser step (recorded on the new state).
         max_states: at most this many states (the primary first, then later consequential ones).
     """
-    from reterm.recovery import localise
 
     if trajectory.outcome.is_infra_fault or trajectory.passed or trajectory.reward is None or max_states < 1:
         return []
@@ -283,8 +282,6 @@ def online_states_from_attempt(
     result = localise(trajectory)
     if _attempt_level(parent):
         # the release's protocol: the whole failed attempt, then the feedback, is the next state (Recovery@k)
-        from reterm.policies.transformers_policy import template_messages
-        from reterm.recovery.attempts import with_feedback
 
         if not trajectory.steps:
             return []
@@ -299,7 +296,6 @@ def online_states_from_attempt(
     out = []
     for fs in chosen[:max_states]:
         prompt = trajectory.to_messages(upto=fs.history_len)
-        from reterm.policies.transformers_policy import template_messages
 
         prompt = template_messages(prompt)
         state = PoolState(state_id=state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
