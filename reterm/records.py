@@ -33,6 +33,17 @@ from typing import Any
 RELEASE_COLUMNS = ("id", "task_id", "messages", "train_from_message_index", "target_attempt_index",
                    "trajectory_sha256")
 
+KIT_COLUMNS = ("task_license", "instruction", "tools", "failure_step", "failure_category", "failure_source",
+               "injection", "failure_command", "failure_output", "replay_commands", "verifier_reward", "attempts",
+               "successful_attempts", "recovery_turns", "source_policy", "teacher", "trajectory_id",
+               "prompt_version", "family")
+"""The kit's metadata columns, in order after the release's (types: :data:`reterm.record_features.FEATURES`).
+``trajectory_id`` is the id of the failure state the record starts from
+(:func:`reterm.recovery.state.state_id`): every record of one state shares it."""
+
+COLUMNS = RELEASE_COLUMNS + KIT_COLUMNS
+"""Every column of a record, in order (:meth:`reterm.recovery.state.State.to_record` writes them)."""
+
 
 def __getattr__(name: str) -> object:
     # the ``datasets`` schema lives in reterm.record_features (importing it loads ``datasets``); these names

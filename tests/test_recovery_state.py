@@ -71,9 +71,10 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     # dataset record (what reterm.data.drills writes) -> State.from_record
     rec = _recovery(fs)
     k = len(rec.to_messages(upto=rec.prefix_len))
-    record = _record(rec, k, 2, failure_step=1, failed=first.steps[0], recovery_turns=2, category=fs.category,
-                     source="injected", source_policy="first-mistake", replay=fs.replay_commands, state_id=fs.id,
-                     family="")  # fmt: skip
+    record = _record(State.from_failure_state(fs, first, "injected"), rec, failure_step=1, failed=first.steps[0],
+                     source_policy="first-mistake", family="")  # fmt: skip
+    assert record["train_from_message_index"] == k and record["target_attempt_index"] == 2
+    assert record["recovery_turns"] == 2 and record["replay_commands"] == fs.replay_commands
     record = json.loads(json.dumps(record))  # as stored (arguments are JSON strings)
     from_record = State.from_record(record)
     assert record["trajectory_id"] == from_record.id == fs.id
@@ -105,9 +106,11 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     failing.steps = failing.steps[:1]
     failing.set_reward(0.0)
     primary = localise(failing).primary
-    row = _record(whole, 4, 1, failure_step=0, failed=whole.steps[0], recovery_turns=2, category=primary.category,
-                  source="injected", source_policy="first-mistake", replay=[],
-                  state_id=state_id_of(whole, whole.steps[:1]), family="")  # fmt: skip
+    in_attempt = State.from_history(whole, whole.steps[:1], category=primary.category, source="injected",
+                                    level="in_attempt")  # fmt: skip
+    row = _record(in_attempt, whole, failure_step=0, failed=whole.steps[0], source_policy="first-mistake", family="")
+    assert row["train_from_message_index"] == 4 and row["target_attempt_index"] == 1
+    assert in_attempt.id == state_id_of(whole, whole.steps[:1])
     assert primary.id == row["trajectory_id"] == State.from_record(json.loads(json.dumps(row))).id
     assert State.from_failure_state(primary, failing, source="own").level == "in_attempt"
 

@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import load_task
-from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.agent.protocol import PROMPT_VERSION
 from reterm.data.layout import write_dataset_folder
 from reterm.drills.generate import recovery_commands
 from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
-from reterm.records import release_columns, trains_on_mistake
+from reterm.records import trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import State
 from reterm.trajectory import Outcome, Step, Trajectory
 
 
@@ -136,38 +136,28 @@ def _family(task_dir: Path) -> str:
     return str((load_task(task_dir).config.metadata or {}).get("family", ""))
 
 
-def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int, failed: Step | None,
-            recovery_turns: int, category: str, source: str, source_policy: str, replay: list[str], state_id: str,
+def _record(state: State, traj: Trajectory, *, failure_step: int, failed: Step | None, source_policy: str,
             family: str) -> dict[str, Any]:
-    """One dataset row: the release's six columns (:func:`reterm.records.release_columns`) of the verified
-    trajectory ``traj``, then the kit's metadata columns (docs/PROTOCOL.md).
+    """One dataset row, written by the one record writer (:meth:`reterm.recovery.state.State.to_record`): the
+    release's six columns of the verified trajectory ``traj`` (trained from the end of ``state``'s history; its
+    level gives ``target_attempt_index``), then the kit's metadata columns (docs/PROTOCOL.md).
 
     Args:
-        traj: the verified trajectory (reward 1) whose messages from ``train_from`` on are trained on.
-        train_from: ``train_from_message_index``.
-        target: ``target_attempt_index`` (2: a recovery attempt after a failed one; 1: a recovery inside the
-            first attempt).
-        failure_step: index of the last step of the failure state the recovery starts from.
+        state: the failure state the recovery in ``traj`` starts from (its id is the column ``trajectory_id``).
+        traj: the verified trajectory (reward 1) whose messages after the state's history are trained on.
+        failure_step: index of the step the record marks as its mistake.
         failed: the failed step whose command and output the record names, if any.
-        recovery_turns: steps taken after the failure state.
-        replay: the bash commands that rebuild the failure state.
-        state_id: the failure state's id (:func:`reterm.recovery.state.state_id`; column ``trajectory_id``).
+        source_policy: the policy whose attempt failed.
         family: the drill family (``[metadata] family``).
     """
-    row = release_columns(traj.task_id, traj.to_messages(), train_from, target)
-    row.update({
-        "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
-        "failure_step": failure_step, "failure_category": category, "failure_source": source,
-        "injection": "first_mistake" if source == "injected" else "",
-        "failure_command": (failed.command if failed else "") or "",
-        "failure_output": (failed.observation if failed else "") or "",
-        "replay_commands": replay, "verifier_reward": float(traj.reward or 0.0), "attempts": 1,
-        "successful_attempts": 1, "recovery_turns": recovery_turns, "source_policy": source_policy,
-        "teacher": traj.policy, "trajectory_id": state_id, "prompt_version": PROMPT_VERSION, "family": family,
-    })  # fmt: skip
+    row = state.to_record(
+        traj, task_license="Apache-2.0", failure_step=failure_step,
+        injection="first_mistake" if state.source == "injected" else "",
+        failure_command=(failed.command if failed else "") or "", failure_output=(failed.observation if failed else "") or "",
+        attempts=1, successful_attempts=1, source_policy=source_policy, family=family)  # fmt: skip
     if trains_on_mistake(row):
-        raise ValueError(f"record {row['id']}: train_from_message_index={train_from} would train on the mistake "
-                         f"(failure_step={failure_step})")
+        raise ValueError(f"record {row['id']}: train_from_message_index={row['train_from_message_index']} would "
+                         f"train on the mistake (failure_step={failure_step})")
     return row
 
 
@@ -194,11 +184,9 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
             traj.metadata["failure_category"] = st.category
             failed_step = next((s for s in state.steps if s.action is not None and s.exit_status not in (0, None)), None)
             entry["records"].append(_record(
-                traj, len(traj.to_messages(upto=traj.prefix_len)), 2, failure_step=len(state.steps) - 1,
-                failed=failed_step, recovery_turns=len(traj.steps) - traj.prefix_len, category=st.category,
-                source=source, source_policy=label or getattr(policy, "name", source),
-                replay=[s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
-                state_id=st.id, family=_family(a.task_dir)))  # fmt: skip
+                State.from_failure_state(st, state, source), traj, failure_step=len(state.steps) - 1,
+                failed=failed_step, source_policy=label or getattr(policy, "name", source),
+                family=_family(a.task_dir)))  # fmt: skip
     if source == "injected":
         entry["records"] += await _in_attempt_records([a for a, st in zip(failed, states)],
                                                       {a.task_dir: st.category for a, st in zip(failed, states)})
@@ -238,9 +226,10 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
         traj = r.trajectory
         if traj.outcome is not Outcome.SUCCESS or len(traj.steps) < 2:
             continue
-        rows.append(_record(traj, recovery_start(traj), 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
-                            category=categories[r.task_dir], source="injected", source_policy="first-mistake",
-                            replay=[], state_id=state_id_of(traj, traj.steps[:1]), family=_family(r.task_dir)))  # fmt: skip
+        state = State.from_history(traj, [s.model_copy(update={"from_history": True}) for s in traj.steps[:1]],
+                                   category=categories[r.task_dir], source="injected", level="in_attempt")
+        rows.append(_record(state, traj, failure_step=0, failed=traj.steps[0], source_policy="first-mistake",
+                            family=_family(r.task_dir)))  # fmt: skip
     return rows
 
 

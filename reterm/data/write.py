@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import sys
@@ -27,14 +26,13 @@ from typing import Any
 
 import yaml
 
-from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
 from reterm.data.layout import write_dataset_folder
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
 from reterm.io import atomic_output, default_mode, write_text_atomic
 from reterm.record_features import FEATURES
-from reterm.records import release_columns
+from reterm.recovery.state import State
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
 FAILED_DIR = "failed_attempts"
@@ -43,38 +41,14 @@ PACKAGES = ("torch", "transformers", "trl", "datasets", "huggingface_hub", "harb
 
 
 def make_record(item: WorkItem, attempt: Trajectory, task: TaskInfo, scored: int, successes: int) -> dict[str, Any]:
-    """The :data:`FEATURES` row of one recovery attempt from ``item``'s failure state.
-
-    The release columns come from :func:`reterm.records.release_columns`; ``target_attempt_index`` is 2
-    when the failure state is the end of a failed attempt (its last history step carries the feedback
-    message), else 1.
-    """
-    state = item.state
-    attempt_level = bool(attempt.prefix_len and attempt.steps[attempt.prefix_len - 1].extra.get("feedback"))
-    row = release_columns(attempt.task_id, attempt.to_messages(),
-                          len(attempt.to_messages(upto=attempt.prefix_len)), 2 if attempt_level else 1)
-    row.update({
-        "task_license": task.license,
-        "instruction": attempt.instruction,
-        "tools": json.dumps(TOOLS, ensure_ascii=False),
-        "failure_step": state.step,
-        "failure_category": state.category,
-        "failure_source": item.source,
-        "injection": item.injection,
-        "failure_command": state.command or "",
-        "failure_output": state.output or "",
-        "replay_commands": list(state.replay_commands),
-        "verifier_reward": float(attempt.reward) if attempt.reward is not None else 0.0,
-        "attempts": scored,
-        "successful_attempts": successes,
-        "recovery_turns": len(attempt.steps) - attempt.prefix_len,
-        "source_policy": item.source_policy,
-        "teacher": attempt.policy,
-        "trajectory_id": state.trajectory_id,
-        "prompt_version": PROMPT_VERSION,
-        "family": "",
-    })
-    return row
+    """The row of one recovery attempt from ``item``'s failure state, written by the one record writer
+    (:meth:`reterm.recovery.state.State.to_record`: the release columns, ``target_attempt_index`` from the
+    state's level, ``trajectory_id`` the state's id)."""
+    fs = item.state
+    return State.from_failure_state(fs, attempt, item.source).to_record(
+        attempt, task_license=task.license, failure_step=fs.step, injection=item.injection,
+        failure_command=fs.command or "", failure_output=fs.output or "", attempts=scored,
+        successful_attempts=successes, source_policy=item.source_policy)  # fmt: skip
 
 
 def attempt_trajectories(unit: dict[str, Any]) -> list[Trajectory]:
