@@ -39,10 +39,9 @@ from typing import Any
 from reterm.agent.atif import from_messages
 from reterm.agent.protocol import FEEDBACK_MESSAGE, initial_messages
 from reterm.policies.transformers_policy import template_messages
-from reterm.records import chat_messages
 from reterm.recovery import localise
 from reterm.recovery.attempts import with_feedback
-from reterm.recovery.state import state_id
+from reterm.recovery.state import State, state_id
 from reterm.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,7 +192,8 @@ def seed_states_from_records(
 ) -> tuple[list[PoolState], Counter]:
     """Seed failure states from ReTerm-10K records (:data:`reterm.record_features.FEATURES` rows).
 
-    The state's prompt is ``messages[:train_from_message_index]`` (the failure prefix). Records are skipped, and
+    The state is the one record reader's (:meth:`reterm.recovery.state.State.from_record`): its prompt is
+    ``messages[:train_from_message_index]`` (the failure prefix), its id the record's ``trajectory_id``. Records are skipped, and
     counted by reason, when their task folder is not found (``unknown_task``), their task is excluded
     (``excluded_task``: the test split), or their prefix is not what the harness would show
     (``not_reproducible``, ``layout: ...``, ``no_failing_step``).
@@ -215,14 +215,16 @@ def seed_states_from_records(
         if task_dir is None:
             skipped["unknown_task"] += 1
             continue
-        messages = chat_messages(record["messages"])
-        k = int(record["train_from_message_index"])
-        prompt = messages[:k]
-        sid = state_id(task_id, prompt)
+        try:  # the one record reader: history = messages[:train_from_message_index]
+            read = State.from_record(record)
+        except ValueError as exc:
+            skipped[f"layout: {exc.__cause__ or exc}"] += 1
+            continue
+        sid = read.id
         if sid in seen:
             skipped["duplicate"] += 1
             continue
-        state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=prompt,
+        state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=read.messages,
                           category=record.get("failure_category") or "", source="seed")  # fmt: skip
         why = _check_prompt(state)
         if why is not None:
