@@ -75,7 +75,8 @@ COLUMN_DOCS: dict[str, str] = {
     "source_policy": "the policy whose attempt failed (`first-mistake`: the scripted policy that types a drill's "
                      "first mistake)",
     "teacher": "the policy that wrote the kept recovery",
-    "trajectory_id": "id of the failure state the recovery started from (records from one state share it)",
+    "trajectory_id": "id of the failure state the recovery started from (`state_id`: a hash of the task and "
+                     "`messages[:train_from_message_index]`; records from one state share it)",
 }
 
 
