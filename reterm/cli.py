@@ -10,6 +10,8 @@ import importlib
 import os
 import sys
 
+from reterm.generation import apply_thread_policy
+
 # sub-command -> (module with main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("reterm.sandbox.cli", "prepare the local sandbox's base image; sweep leftovers"),
@@ -48,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the shared thread policy (OMP_WAIT_POLICY=PASSIVE, reterm.generation): before torch loads, and only
     # when the user has not chosen (tests/run.sh does the same)
-    from reterm.generation import apply_thread_policy
 
     apply_thread_policy()
     # the kit prices no tokens: LiteLLM (imported with Harbor) then reads its bundled cost map instead of

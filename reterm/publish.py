@@ -56,6 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reterm.cards.dataset import render_dataset_card
+from reterm.cards.model import render_model_card, training_record
+from reterm.cards.model_inputs import load_recipe
 from reterm.hub_metadata import check_readme
 
 KINDS = ("dataset", "model", "space")
@@ -222,8 +225,6 @@ def _stage_model_inputs(folder: Path, stage_dir: Path, options: dict[str, Any]) 
     """Stage what the model card was rendered from: the recipes (``recipes/N-TRAINER-NAME.yaml``, secrets
     redacted), ``eval/results.json`` and ``training_summary.json`` (absolute paths of this machine cut to
     their last component; the chosen ``eval_name`` added). Returns the staged relative paths."""
-    from reterm.cards.model import training_record
-    from reterm.cards.model_inputs import load_recipe
 
     record = training_record(folder)
     recipes = options.get("recipes") or (record.recipes if record is not None else [])
@@ -275,12 +276,8 @@ def _stage_kit_for_space(stage_dir: Path, space_files: set[str], allow_symlink: 
 
 def _render_card(kind: str, folder: Path, repo_id: str, options: dict[str, Any]) -> str:
     if kind == "dataset":
-        from reterm.cards.dataset import render_dataset_card
-
         return str(render_dataset_card(folder, repo_id))
     if kind == "model":
-        from reterm.cards.model import render_model_card
-
         card = render_model_card(
             folder, repo_id, options.get("recipes") or [], options.get("results"),
             eval_name=options.get("eval_name"), base_model=options.get("base_model"),

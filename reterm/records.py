@@ -19,8 +19,9 @@ The first six columns are the authors' release (``twothsnd/ReTerm-10K``), with t
 
 The kit's own metadata columns follow (failure category and source, replay commands, verifier reward...).
 Produced by ``pipeline/``, read by ``train/sft.py``, ``train/grpo.py`` (failure-state pool), the dataset
-card and the Space. :data:`FEATURES` is the ``datasets`` schema of the published parquet shards;
-:data:`RELEASE_COLUMNS` is what a dataset must have at least for SFT.
+card and the Space. :data:`RELEASE_COLUMNS` is what a dataset must have at least for SFT. This module is light (the
+standard library only); the ``datasets`` schema of the published parquet shards, ``FEATURES``, is in
+:mod:`reterm.record_features`, imported only where a Hub dataset is built or read.
 """
 
 from __future__ import annotations
@@ -29,54 +30,30 @@ import hashlib
 import json
 from typing import Any
 
-from datasets import Features, List, Value
-
-TOOL_CALL = {
-    "id": Value("string"),
-    "type": Value("string"),
-    "function": {"name": Value("string"), "arguments": Value("string")},  # arguments: a JSON string
-}
-
-MESSAGE = {
-    "role": Value("string"),  # system | user | assistant | tool
-    "content": Value("string"),
-    "tool_calls": List(TOOL_CALL),  # [] except on assistant messages that call a tool
-    "tool_call_id": Value("string"),  # "" except on tool messages
-    "name": Value("string"),  # tool name on tool messages, else ""
-}
-
 RELEASE_COLUMNS = ("id", "task_id", "messages", "train_from_message_index", "target_attempt_index",
                    "trajectory_sha256")
 
-FEATURES = Features(
-    {
-        "id": Value("string"),  # <task_id>:<first 16 hex of trajectory_sha256> (dedup, resume)
-        "task_id": Value("string"),
-        "messages": List(MESSAGE),
-        "train_from_message_index": Value("int32"),  # index in messages of the first trained assistant message
-        "target_attempt_index": Value("int32"),  # 2: attempt-level failure state; 1: step-level
-        "trajectory_sha256": Value("string"),  # sha256 of the canonical JSON of messages
-"task_license": Value("string"),
-        "instruction": Value("string"),
-        "tools": Value("string"),  # JSON of the tool schemas the conversation used (protocol.TOOLS)
-        "failure_step": Value("int32"),  # step index (0-based) of the failing step in the trajectory
-        "failure_category": Value("string"),  # reterm.recovery taxonomy name
-        "failure_source": Value("string"),  # "own" (the policy's own failure) | "injected"
-        "injection": Value("string"),  # what was perturbed for injected failures, else ""
-        "failure_command": Value("string"),
-        "failure_output": Value("string"),  # the failing step's observation (truncated as the model saw it)
-        "replay_commands": List(Value("string")),  # bash commands of the prefix, to rebuild the state by replay
-        "verifier_reward": Value("float32"),
-        "attempts": Value("int32"),  # recovery attempts forked from this failure state
-        "successful_attempts": Value("int32"),
-        "recovery_turns": Value("int32"),
-        "source_policy": Value("string"),  # the policy whose rollout failed
-        "teacher": Value("string"),  # the recovery policy that wrote the kept attempt
-        "trajectory_id": Value("string"),
-        "prompt_version": Value("string"),  # reterm.agent.protocol.PROMPT_VERSION of the conversation
-        "family": Value("string"),  # the recovery drill's family ("" for other tasks)
-    }
-)
+KIT_COLUMNS = ("task_license", "instruction", "tools", "failure_step", "failure_category", "failure_source",
+               "injection", "failure_command", "failure_output", "replay_commands", "verifier_reward", "attempts",
+               "successful_attempts", "recovery_turns", "source_policy", "teacher", "trajectory_id",
+               "prompt_version", "family")
+"""The kit's metadata columns, in order after the release's (types: :data:`reterm.record_features.FEATURES`).
+``trajectory_id`` is the id of the failure state the record starts from
+(:func:`reterm.recovery.state.state_id`): every record of one state shares it."""
+
+COLUMNS = RELEASE_COLUMNS + KIT_COLUMNS
+"""Every column of a record, in order (:meth:`reterm.recovery.state.State.to_record` writes them)."""
+
+
+def __getattr__(name: str) -> object:
+    # the ``datasets`` schema lives in reterm.record_features (importing it loads ``datasets``); these names
+    # stay importable from here for code written before the split
+    if name in ("FEATURES", "MESSAGE", "TOOL_CALL"):
+        from reterm import record_features  # defers datasets
+
+        return getattr(record_features, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 
 def trajectory_sha256(messages: list[dict[str, Any]]) -> str:

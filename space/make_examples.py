@@ -4,7 +4,7 @@
 
 - ``examples/records/``: a few ReTerm-10K records (at most ``--per-category`` per error category) copied from
   ``--records`` (default: the smoke dataset if ``outputs/reterm10k-smoke`` exists, else the test fixture), in
-  the published layout (``data/train-00000-of-00001.parquet``, :data:`reterm.records.FEATURES`).
+  the published layout (``data/train-00000-of-00001.parquet``, :data:`reterm.record_features.FEATURES`).
 - ``examples/recoveries/<case>/``: live runs of this app (:class:`live_run.LiveRun`: the local sandbox, a
   user-typed mistake, the failure detected, the sandbox forked into G attempts, each verified), saved as
   ``main.json`` + ``attempts/attempt-K.json``: the scripted oracle on two suite tasks, and with ``--smollm2``
@@ -39,7 +39,7 @@ def copy_records(source: Path, out: Path, per_category: int) -> int:
     """Copy up to ``per_category`` records per failure category (train split) into ``out``; returns the count."""
     from datasets import Dataset, load_dataset
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     ds = load_dataset(str(source), split="train")
     taken: dict[str, int] = {}

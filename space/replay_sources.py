@@ -2,7 +2,7 @@
 
 A source is named by one string (:func:`open_source` tells the kinds apart):
 
-- **ReTerm-10K records** (:data:`reterm.records.FEATURES`): a dataset folder as ``reterm data build`` or
+- **ReTerm-10K records** (:data:`reterm.record_features.FEATURES`): a dataset folder as ``reterm data build`` or
   ``push_to_hub`` writes it (``data/{split}-*.parquet``), a ``.parquet``/``.jsonl`` file, or a Hub dataset
   id (``ORG/NAME``: fetched with ``huggingface_hub.snapshot_download``, or taken from the Hub cache when
   the Hub cannot be reached, which is found out within :data:`HUB_TIMEOUT_S`; then
@@ -26,13 +26,12 @@ Local paths can be confined to allowed roots (a public Space must not read arbit
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reterm.recovery.state import State, state_id_of
 from reterm.training.grpo_outputs import ROLLOUT_FILES, read_rollout_file
 from reterm.trajectory import Outcome, Trajectory
 
@@ -316,7 +315,12 @@ def _record_view(data: tuple[Any, int, str]) -> EpisodeView:
     if row.get("attempts"):
         notes.append(f"{row.get('successful_attempts', '?')} of {row['attempts']} recovery attempts forked from this "
                      "failure state passed the verifier; this record keeps one of them.")  # fmt: skip
-    meta = [("record", str(row.get("id", ""))), ("split", split), ("failed policy", row.get("source_policy") or ""),
+    try:  # the one record reader names the failure state (its id is the one every stage joins on)
+        state = State.from_record(row).id
+    except ValueError:
+        state = ""
+    meta = [("record", str(row.get("id", ""))), ("failure state", state), ("split", split),
+            ("failed policy", row.get("source_policy") or ""),
             ("recovery by", row.get("teacher") or ""), ("license", row.get("task_license") or "")]  # fmt: skip
     return EpisodeView(traj, title=f"{row.get('task_id')}", failure_step=step if 0 <= step < len(traj.steps) else None,
                        failure_category=row.get("failure_category"), recovery_from=recovery_from,
@@ -409,15 +413,14 @@ def _is_trajectory_file(path: Path) -> bool:
 
 
 def group_key(traj: Trajectory) -> str:
-    """The failure state an attempt was forked from: ``metadata["failure_state"]`` or ``["state_id"]``,
-    else a hash of the task and the prefix's commands."""
+    """The failure state an attempt was forked from, as ``<task_id>/<state_id>``: the state's id
+    (:func:`reterm.recovery.state.state_id`, the one the dataset, the GRPO pool and the eval use) recorded in
+    ``metadata["state_id"]`` (or ``["failure_state"]``), else computed from the attempt's history."""
     md = traj.metadata
-    for k in ("failure_state", "state_id"):
+    for k in ("state_id", "failure_state"):
         if md.get(k):
             return f"{traj.task_id}/{md[k]}"
-    prefix = [s.command or s.model_text for s in traj.steps[: traj.prefix_len]]
-    digest = hashlib.sha256(json.dumps([traj.task_id, traj.instruction, prefix]).encode()).hexdigest()[:12]
-    return f"{traj.task_id}/prefix-{digest}"
+    return f"{traj.task_id}/{state_id_of(traj, traj.steps[: traj.prefix_len])}"
 
 
 def _trajectories_source(spec: str, files: list[Path]) -> Source:

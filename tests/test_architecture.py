@@ -23,11 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bottom to top. A module belongs to the layer of the longest entry that names it or a package above it
 # (``reterm`` itself names only the package's ``__init__``).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # shared types and helpers: the trajectory schema, dataset records, the agent protocol (what every model
-    # and every harness reads and writes), interval statistics, JSON and Hub-metadata helpers, the tiny model
-    ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.agent.protocol", "reterm.json_files",
-              "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards", "reterm.io",
-              "reterm.generation")),
+    # shared types and helpers: the trajectory schema, dataset records (the light helpers, and apart the
+    # ``datasets`` schema), the tool-call wire format (what every model and every harness writes and parses),
+    # interval statistics, JSON and Hub-metadata helpers, generation defaults, CPU precision, the tiny model
+    ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.record_features", "reterm.tool_calls",
+              "reterm.json_files", "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards",
+              "reterm.io", "reterm.generation", "reterm.precision")),
     ("sandbox", ("reterm.sandbox",)),
     ("tasks", ("reterm.tasks",)),
     ("policies", ("reterm.policies",)),
@@ -36,9 +37,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data and training", ("reterm.data", "reterm.training")),
     ("eval", ("reterm.eval",)),
     ("cards", ("reterm.cards",)),
-    # command lines and what only they run (whole Harbor trials for `reterm tasks verify`): any layer
-    ("entry points", ("reterm.publish", "reterm.cli", "reterm.sandbox.cli", "reterm.tasks.cli", "reterm.tasks.verify",
-                      "reterm.agent.cli", "reterm.recovery.__main__")),
+    # command lines that run whole pipelines of other layers: `reterm` itself, `reterm publish`,
+    # `reterm tasks` (its `verify` runs whole Harbor trials and scores them with the agent layer's trial
+    # rules; `drills` generates drills), `python -m reterm.recovery`
+    ("entry points", ("reterm.publish", "reterm.cli", "reterm.tasks.cli", "reterm.tasks.verify",
+                      "reterm.recovery.__main__")),
 ]
 # Importable only in the checkout: the application folders keep thin scripts, the tests are not the product.
 NOT_LIBRARY = ("eval", "pipeline", "dataset_card", "model_card", "tests", "train", "space", "bench")
@@ -49,9 +52,11 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(root: Path, package: str = "reterm") -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
+def import_graph(root: Path, package: str = "reterm", module_level: bool = False
+                 ) -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:  # fmt: skip
     """``(edges, foreign)``: ``edges[a][b]`` is the first line where module ``a`` imports module ``b`` (both
-    of ``package``); ``foreign[a]`` the top-level names of other packages ``a`` imports."""
+    of ``package``); ``foreign[a]`` the top-level names of other packages ``a`` imports. With ``module_level``,
+    only the imports that run when the module is imported (none inside a function)."""
     modules = {module_name(p, root): p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts}
     edges: dict[str, dict[str, int]] = {}
     foreign: dict[str, set[str]] = {}
@@ -61,6 +66,8 @@ def import_graph(root: Path, package: str = "reterm") -> tuple[dict[str, dict[st
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+            if module_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                skip.update(id(n) for n in ast.walk(node))
         out: dict[str, int] = {}
         foreign[name] = set()
         for node in ast.walk(tree):
@@ -178,6 +185,75 @@ def test_no_module_imports_a_layer_above_its_own(graph):
         if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a)
     ]  # fmt: skip
     assert not upward, "lower layers import higher ones:\n" + "\n".join(upward)
+
+
+# What a function-level import of a ``reterm`` module may defer: a package that is slow to import or optional.
+HEAVY = ("torch", "transformers", "trl", "datasets", "gradio", "harbor")
+MAX_FUNCTION_LEVEL_IMPORTS = 40
+
+
+def function_level_imports(root: Path, package: str = "reterm") -> list[tuple[str, int, str, str]]:
+    """``(module, line, imported module, comment)`` for every import of a ``package`` module inside a function
+    (``comment``: the text after ``#`` on the import's lines or the line above it)."""
+    modules = {module_name(p, root): p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts}
+    out = set()
+    for name, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    base = node.module or ""
+                    targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+                else:
+                    continue
+                for target in targets:
+                    if target.split(".")[0] != package:
+                        continue
+                    while target and target not in modules:
+                        target = target.rpartition(".")[0]
+                    text = " ".join(lines[node.lineno - 2 : node.end_lineno])
+                    out.add((name, node.lineno, target, text.partition("#")[2].strip()))
+    return sorted(out)
+
+
+def module_level_closure(edges_top: dict[str, set[str]], module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            parts = m.split(".")
+            todo += [*edges_top.get(m, ()), *(".".join(parts[:i]) for i in range(1, len(parts)))]
+    return seen
+
+
+def test_function_level_imports_only_defer_heavy_packages_or_break_a_named_cycle():
+    """At most :data:`MAX_FUNCTION_LEVEL_IMPORTS` imports of ``reterm`` modules inside functions, each either
+    deferring a heavy package (the imported module's module-level imports reach one of :data:`HEAVY`) or
+    commented with the cycle it breaks; any other belongs at the top of its file."""
+    (edges, foreign) = import_graph(ROOT, module_level=True)
+    found = function_level_imports(ROOT)
+    light = []
+    for module, line, target, comment in found:
+        reached = {p for m in module_level_closure(edges, target) for p in foreign.get(m, ())}
+        if not reached & set(HEAVY) and "cycle" not in comment:
+            light.append(f"{module.replace('.', '/')}.py:{line} imports {target} (light: move it to the top)")
+    assert not light, "\n".join(light)
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, f"{len(found)} function-level imports of reterm modules"
+    assert any(t == "reterm.sandbox.local" for _, _, t, _ in found)  # the checker sees them (harbor is deferred)
+
+
+def test_datasets_is_imported_only_where_a_hub_dataset_is_built_or_read(graph):
+    _, foreign = graph
+    users = sorted(m for m, names in foreign.items() if "datasets" in names)
+    assert users == ["reterm.cards.dataset", "reterm.data.layout", "reterm.data.write", "reterm.eval.recovery",
+                     "reterm.record_features", "reterm.training.failure_pool", "reterm.training.sft_data"]
 
 
 def test_the_library_imports_no_application_folder(graph):

@@ -15,7 +15,7 @@ from reterm.cards.model import render_model_card
 from reterm.cards.model_inputs import load_recipe, load_results
 from reterm.data.dataset_stats import load_stats
 from reterm.hub_metadata import check_readme, size_category, validate_card_metadata
-from reterm.records import FEATURES
+from reterm.record_features import FEATURES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "publish"
 RECIPES = [FIXTURES / "recipes" / "sft.yaml", FIXTURES / "recipes" / "grpo.yaml"]

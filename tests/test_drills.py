@@ -180,7 +180,7 @@ def test_regenerating_smaller_removes_stale_drills(tmp_path):
 def test_multistage_train_drills_are_sound_and_never_the_mechanisms_tasks(tmp_path):
     """``--multistage N``: N two-stage train instances next to the single ones, sound in the sandbox (oracle 1,
     null 0, first mistake 0, recovery 1), none of them one of the mechanism's multi-stage tasks."""
-    from reterm.drills.multistage import TRAIN_START, generate_multistage
+    from reterm.drills.multistage import TRAIN_START, add_train_instances, generate_multistage
 
     assert tasks_main(["drills", "--out", str(tmp_path / "d"), "--per-family", "1", "--no-check", "--multistage", "2",
                        "--families", "mkdir-parent,exec-bit,python-alias,copy-dir", "--ood-families", "copy-dir"]) == 0
@@ -200,7 +200,9 @@ def test_multistage_train_drills_are_sound_and_never_the_mechanisms_tasks(tmp_pa
         assert r.error is None and (r.oracle_reward, r.null_reward, r.mistake_reward, r.recovery_reward) == (
             1.0, 0.0, 0.0, 1.0), r
     with pytest.raises(ValueError, match="multistage must be 0 or more"):
-        generate_drills(tmp_path / "e", 0, 1, multistage=-1)
+        add_train_instances(tmp_path / "d", -1)
+    with pytest.raises(ValueError, match="not a generated drills folder"):
+        add_train_instances(tmp_path / "nothing", 2)
 
 
 def test_bad_options_are_named(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from reterm.agent.protocol import FEEDBACK_MESSAGE
 from reterm.drills import EnvFile, make_drill
-from reterm.drills.multistage import compose, generate_multistage, make_multistage
+from reterm.drills.multistage import add_train_instances, compose, generate_multistage, make_multistage
 from reterm.eval import mechanism
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.stats import items_needed, min_detectable, signal_attempt_share
@@ -134,7 +134,8 @@ def test_failure_state_arm_starts_from_the_failed_attempts_fork_and_resumes(tmp_
 def test_single_stage_control_takes_instances_spread_over_families(tmp_path):
     from reterm.drills import generate_drills
 
-    generate_drills(tmp_path, 0, 4, multistage=2)
+    generate_drills(tmp_path, 0, 4)
+    add_train_instances(tmp_path, 2)
     tasks = mechanism.single_stage_tasks(tmp_path, "train", 200)
     assert tasks and not any(t.family.startswith("multi:") for t in tasks)  # the folder's two-stage drills stay out
     tasks = mechanism.single_stage_tasks(tmp_path, "train", 6)

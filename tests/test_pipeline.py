@@ -186,7 +186,7 @@ def test_records_point_at_the_recovery_and_have_stable_ids():
     assert make_record(item, ok, task_info(TASKS / task), 2, 1)["id"] == r["id"]
     from datasets import Dataset
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     assert Dataset.from_list([r, f], features=FEATURES).num_rows == 2
 

@@ -94,7 +94,7 @@ def test_build_loads_and_kept_recoveries_replay_to_reward_1(uninterrupted):
     assert sum(c.records for c in stats.categories.values()) == train.num_rows
     import pyarrow.parquet as pq
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     failed = pq.read_table(out / "failed_attempts" / "attempts-00000-of-00001.parquet")
     assert failed.column_names == list(FEATURES) and all(r == 0.0 for r in failed.column("verifier_reward").to_pylist())

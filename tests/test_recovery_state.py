@@ -15,9 +15,10 @@ import pytest
 
 from reterm.agent.protocol import initial_messages
 from reterm.policies.scripted import bash_call
+from reterm.records import COLUMNS, RELEASE_COLUMNS
 from reterm.recovery.attempts import Attempt, attempt_end_state
 from reterm.recovery.localise import localise
-from reterm.recovery.state import State, canonical_messages, state_id, state_id_of
+from reterm.recovery.state import Level, Source, State, canonical_messages, state_id, state_id_of
 from reterm.trajectory import Action, Step, Trajectory
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -71,9 +72,10 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     # dataset record (what reterm.data.drills writes) -> State.from_record
     rec = _recovery(fs)
     k = len(rec.to_messages(upto=rec.prefix_len))
-    record = _record(rec, k, 2, failure_step=1, failed=first.steps[0], recovery_turns=2, category=fs.category,
-                     source="injected", source_policy="first-mistake", replay=fs.replay_commands, state_id=fs.id,
-                     family="")  # fmt: skip
+    record = _record(State.from_failure_state(fs, first, "injected"), rec, failure_step=1, failed=first.steps[0],
+                     source_policy="first-mistake", family="")  # fmt: skip
+    assert record["train_from_message_index"] == k and record["target_attempt_index"] == 2
+    assert record["recovery_turns"] == 2 and record["replay_commands"] == fs.replay_commands
     record = json.loads(json.dumps(record))  # as stored (arguments are JSON strings)
     from_record = State.from_record(record)
     assert record["trajectory_id"] == from_record.id == fs.id
@@ -105,11 +107,67 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     failing.steps = failing.steps[:1]
     failing.set_reward(0.0)
     primary = localise(failing).primary
-    row = _record(whole, 4, 1, failure_step=0, failed=whole.steps[0], recovery_turns=2, category=primary.category,
-                  source="injected", source_policy="first-mistake", replay=[],
-                  state_id=state_id_of(whole, whole.steps[:1]), family="")  # fmt: skip
+    in_attempt = State.from_history(whole, whole.steps[:1], category=primary.category, source="injected",
+                                    level="in_attempt")  # fmt: skip
+    row = _record(in_attempt, whole, failure_step=0, failed=whole.steps[0], source_policy="first-mistake", family="")
+    assert row["train_from_message_index"] == 4 and row["target_attempt_index"] == 1
+    assert in_attempt.id == state_id_of(whole, whole.steps[:1])
     assert primary.id == row["trajectory_id"] == State.from_record(json.loads(json.dumps(row))).id
     assert State.from_failure_state(primary, failing, source="own").level == "in_attempt"
+
+
+def test_a_premature_completion_state_keeps_its_id_through_record_pool_eval_and_space():
+    """A premature completion (the agent submits too early; the failing step is the ``submit``): the localiser's
+    history stops before the ``submit``, and the record, the GRPO seed, the eval item and the Space's group all
+    name the state by that id (the record reader once kept the ``submit`` in the history: another id)."""
+    import sys
+
+    from reterm.data.recover import WorkItem
+    from reterm.data.tasks import TaskInfo
+    from reterm.data.write import make_record
+    from reterm.training.failure_pool import seed_states_from_records
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "space"))
+    from replay_sources import group_key
+
+    early = Trajectory(task_id="hello-file", instruction="Create /app/out/hello.txt containing hello.",
+                       system_prompt=SYSTEM, steps=[_bash(0, "ls /app", "out", 0), _submit(1)])  # fmt: skip
+    early.set_reward(0.0)
+    (fs,) = localise(early).states
+    assert fs.category == "premature_completion" and fs.step == 1 and len(fs.history) == 1
+    recovery = Trajectory(task_id="hello-file", instruction=early.instruction, system_prompt=SYSTEM, policy="oracle",
+                          steps=[*fs.history, _bash(1, "echo hello > /app/out/hello.txt", "", 0), _submit(2)],
+                          prefix_len=len(fs.history), metadata={"state_id": fs.id})  # fmt: skip
+    recovery.set_reward(1.0)
+    item = WorkItem(state=fs, instruction=early.instruction, source="own", source_policy="smollm2", default_timeout=30)
+    task = TaskInfo(id="hello-file", path=TASK_DIR, instruction=early.instruction, license="Apache-2.0")
+    record = json.loads(json.dumps(make_record(item, recovery, task, 1, 1)))
+    assert record["failure_step"] == 1 and record["target_attempt_index"] == 1
+    assert record["trajectory_id"] == fs.id == State.from_record(record).id
+    (seed,), _ = seed_states_from_records([record], [FIXTURES / "tasks"], exclude=set())
+    assert seed.state_id == fs.id
+    assert State.from_failure_state(fs, early, "own").eval_item(recovery)["state_id"] == fs.id
+    assert group_key(recovery) == f"hello-file/{fs.id}"
+    recovery.metadata.clear()
+    assert group_key(recovery) == f"hello-file/{fs.id}"  # computed from the history when not recorded
+
+
+def test_the_record_writer_fixes_the_state_columns_and_reads_back():
+    first = _failed_attempt()
+    st = State.from_failure_state(attempt_end_state(Attempt(TASK_DIR, first)), first, "injected")
+    assert st.level is Level.ATTEMPT and st.source is Source.INJECTED and st.level == "attempt"
+    only = st.to_record(None, failure_step=1)
+    assert list(only)[:6] == list(RELEASE_COLUMNS) and tuple(only) == COLUMNS
+    assert only["train_from_message_index"] == len(only["messages"]) and only["target_attempt_index"] == 2
+    assert State.from_record(only).id == st.id == only["trajectory_id"]
+    with pytest.raises(ValueError, match="trajectory_id.*given by the state"):
+        st.to_record(None, trajectory_id="other")
+    with pytest.raises(ValueError, match="not dataset columns"):
+        st.to_record(None, colour="red")
+    other = _failed_attempt()
+    other.steps[0] = _bash(0, "true", "", 0)
+    with pytest.raises(ValueError, match="does not begin with the state's history"):
+        st.to_record(other)
 
 
 def test_canonical_messages_and_bad_input():

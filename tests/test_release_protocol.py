@@ -13,7 +13,8 @@ import pytest
 
 from reterm.agent.atif import conversation_view, from_messages
 from reterm.agent.protocol import FEEDBACK_MESSAGE, PROMPT_VERSION, SYSTEM_PROMPT, TOOLS
-from reterm.records import FEATURES, RELEASE_COLUMNS, release_columns, trajectory_sha256
+from reterm.record_features import FEATURES
+from reterm.records import RELEASE_COLUMNS, release_columns, trajectory_sha256
 from reterm.stats import paired_bootstrap, rate, wilson
 from reterm.training.sft_data import load_records, record_to_prompt_completion
 

@@ -43,12 +43,13 @@ def _valid_first_calls(spec: str, instructions: list[str]) -> float:
 @pytest.mark.timeout(1500)
 def test_a_few_sft_steps_raise_valid_first_tool_calls_on_held_out_drills(tmp_path):
     from reterm.agent.episode import load_task
-    from reterm.data.drills import build
-    from reterm.data.drills import read_splits
+    from reterm.data.drills import build, read_splits
     from reterm.drills import generate_drills
+    from reterm.drills.multistage import add_train_instances
 
     drills = tmp_path / "drills"
-    generate_drills(drills, 0, 6, families=FAMILIES, ood_families=[], test_fraction=0.34, multistage=4)
+    generate_drills(drills, 0, 6, families=FAMILIES, ood_families=[], test_fraction=0.34)
+    add_train_instances(drills, 4)
     build(drills, tmp_path / "data", policies=[], max_turns=3, batch=16, held_out=0.1)
     out = tmp_path / "sft"
     assert _sft_main(["--config", str(REPO / "train/recipes/smollm2-135m/sft.yaml"), "--dataset_name",

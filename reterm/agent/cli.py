@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reterm import policies  # a module, so that tests can replace load_policy
+from reterm.agent.atif import write_trial_files
 from reterm.agent.environments import environment_kind, make_environment
+from reterm.agent.episode import run_episode
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, policy_defaults
 
 
@@ -116,17 +119,13 @@ async def _run(args: argparse.Namespace) -> int:
     from harbor.models.task.task import Task
     from rich.console import Console
 
-    from reterm.agent.atif import write_trial_files
-    from reterm.agent.episode import run_episode
-    from reterm.policies import check_policy_spec, load_policy
-
     console = Console()
     task_dir = resolve_task_dir(args.task)
     task = Task(task_dir)
     task_id = str(task.name).split("/")[-1]
     # bad input fails before an output folder exists: the environment kind, the policy spec, the policy itself
     environment_kind(args.env)
-    spec = check_policy_spec(args.policy)
+    spec = policies.check_policy_spec(args.policy)
     out = args.output or Path("runs") / f"run-{task_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out}: exists and is not a folder")
@@ -137,7 +136,7 @@ async def _run(args: argparse.Namespace) -> int:
     console.print(f"[bold]task[/] {task_id}  [bold]policy[/] {spec}  [bold]env[/] {args.env}  [bold]output[/] {out}")
     with console.status(f"loading policy {spec} ..."):
         try:
-            policy = load_policy(spec, **kwargs)
+            policy = policies.load_policy(spec, **kwargs)
         except OSError as exc:  # transformers: no such folder / not a model / not on the Hub
             raise ValueError(f"--policy {spec}: the model could not be loaded: {exc}") from exc
     out.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,7 @@ from harbor.models.agent.context import AgentContext
 from reterm.agent.atif import AGENT_NAME, _version, write_trial_files
 from reterm.agent.episode import BROKEN_KEY, DEFAULT_MAX_TURNS, EpisodeSpec, run_episodes
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, apply_thread_policy, policy_defaults
+from reterm.policies import load_policy
 from reterm.trajectory import Step, Trajectory
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # see the module docstring
@@ -85,7 +86,6 @@ def _load_policy(spec: str, kwargs: dict[str, Any]) -> Any:
     Trials of one Harbor job call ``setup`` concurrently (in threads); transformers' loading is not
     thread-safe ("Cannot copy out of meta tensor"), so the cache miss is serialised by a lock.
     """
-    from reterm.policies import load_policy
 
     key = json.dumps([spec, kwargs], sort_keys=True, default=str)
     with _POLICIES_LOCK:

@@ -3,7 +3,8 @@
 
 Used wherever a Harbor trial is read back: trajectories from job folders (:mod:`reterm.agent.atif`), the
 data pipeline's rollouts and the evaluation's scores (:mod:`reterm.eval.metrics`); only agent outcomes
-(``SUCCESS``/``FAILURE``) are scored, infrastructure faults are counted apart.
+(``SUCCESS``/``FAILURE``) are scored, infrastructure faults are counted apart. :func:`score_trial` gives one
+trial's :class:`TrialScore` (``reterm tasks verify`` and the evaluation's reports read it).
 
 Rules (and where they come from)
 --------------------------------
@@ -40,6 +41,7 @@ Rules (and where they come from)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from harbor.models.trial.error_policy import ERROR_POLICIES
@@ -140,7 +142,7 @@ def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> 
 
     A trial whose agent broke its sandbox (:func:`broken_by_agent`) is a ``FAILURE`` with reward 0,
     whatever the verifier did next. A reward that cannot be scored (:class:`reterm.rewards.RewardError`)
-    makes the trial a verifier fault (``VERIFIER_ERROR``, no reward); :func:`reterm.eval.metrics.score_trial` keeps its message.
+    makes the trial a verifier fault (``VERIFIER_ERROR``, no reward); :func:`score_trial` keeps its message.
     """
     exceptions = result.recorded_exceptions()
     if broken_by_agent(result):
@@ -157,3 +159,67 @@ def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> 
     elif reward is None:
         return Outcome.VERIFIER_ERROR, None
     return (Outcome.SUCCESS if reward >= PASS_THRESHOLD else Outcome.FAILURE), reward
+
+
+@dataclass
+class TrialScore:
+    """One Harbor trial, classified.
+
+    ``outcome`` is ``SUCCESS``/``FAILURE`` for scored trials, a fault outcome otherwise
+    (``Outcome.is_infra_fault``). ``reward`` is the verifier's reward (``None`` when there was none).
+    ``exception_type`` is Harbor's first recorded exception type, ``agent_timed_out`` marks
+    ``AgentTimeoutError``. ``agent_s`` is the agent phase's wall time in seconds (``None`` if it did not run).
+    """
+
+    task: str
+    trial: str
+    trial_dir: str
+    agent: str
+    model: str | None
+    outcome: Outcome
+    reward: float | None
+    exception_type: str | None = None
+    exception_message: str | None = None
+    agent_timed_out: bool = False
+    agent_s: float | None = None
+    broken_by_agent: str | None = None
+
+    @property
+    def scored(self) -> bool:
+        """True for agent outcomes (counted in Pass@1), False for infrastructure faults."""
+        return not self.outcome.is_infra_fault
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.SUCCESS
+
+
+def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
+    """A :class:`TrialScore` from a trial result (see :func:`classify_trial`)."""
+    outcome, reward = classify_trial(result, trial_dir)
+    exceptions = result.recorded_exceptions()
+    first = exceptions[0] if exceptions else None
+    exception_type = first.exception_type if first else None
+    exception_message = first.exception_message[:500] if first else None
+    try:
+        reward_of(result, trial_dir)
+    except RewardError as exc:  # the trial's own fault; the rest of the report goes on
+        exception_type, exception_message = "RewardError", str(exc)[:500]
+    timing = result.agent_execution
+    agent_s = None
+    if timing and timing.started_at and timing.finished_at:
+        agent_s = (timing.finished_at - timing.started_at).total_seconds()
+    return TrialScore(
+        task=task_name(result),
+        trial=result.trial_name,
+        trial_dir=str(trial_dir),
+        agent=result.agent_info.name,
+        model=result.agent_info.model_info.name if result.agent_info.model_info else None,
+        outcome=outcome,
+        reward=reward,
+        exception_type=exception_type,
+        exception_message=exception_message,
+        agent_timed_out=any(e.exception_type == "AgentTimeoutError" for e in exceptions),
+        agent_s=agent_s,
+        broken_by_agent=broken_by_agent(result),
+    )

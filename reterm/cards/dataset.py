@@ -1,7 +1,7 @@
 """Render the ReTerm-10K dataset card from the pipeline's published folder.
 
 Inputs (the folder :mod:`reterm.data.layout` describes): ``data/{split}-*.parquet`` with
-:data:`reterm.records.FEATURES` and ``stats.json`` (:class:`reterm.data.dataset_stats.DatasetStats`; the run's
+:data:`reterm.record_features.FEATURES` and ``stats.json`` (:class:`reterm.data.dataset_stats.DatasetStats`; the run's
 config is its ``config`` field). Output: a ``huggingface_hub.DatasetCard`` whose metadata carries the
 licence, task categories, tags, size category, language, ``configs`` (one ``data/{split}-*`` pattern per
 split, for the dataset viewer and ``load_dataset``) and ``dataset_info`` (features and split sizes, as
@@ -31,16 +31,18 @@ from typing import Any
 import yaml
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.data.dataset_stats import DatasetStats, load_stats
 from reterm.data.layout import dataset_shards
 from reterm.hub_metadata import check_readme, size_category
+from reterm.recovery.taxonomy import DEFINITIONS
 
 TEMPLATE = Path(__file__).with_name("templates") / "dataset.md"
 
 TAGS = ["agent", "terminal", "tool-use", "error-recovery", "trajectories", "sft", "grpo", "reterm"]
 
 # What each column holds (the card's schema table). Kept next to the card; a test checks that every
-# column of reterm.records.FEATURES is described here.
+# column of reterm.record_features.FEATURES is described here.
 COLUMN_DOCS: dict[str, str] = {
     "id": "`<task_id>:<first 16 hex digits of trajectory_sha256>` (the release's id; identical records share it)",
     "task_id": "id of the terminal task the episode ran on",
@@ -73,7 +75,8 @@ COLUMN_DOCS: dict[str, str] = {
     "source_policy": "the policy whose attempt failed (`first-mistake`: the scripted policy that types a drill's "
                      "first mistake)",
     "teacher": "the policy that wrote the kept recovery",
-    "trajectory_id": "id of the failure state the recovery started from (records from one state share it)",
+    "trajectory_id": "id of the failure state the recovery started from (`state_id`: a hash of the task and "
+                     "`messages[:train_from_message_index]`; records from one state share it)",
 }
 
 
@@ -107,10 +110,6 @@ def _is_category(cat: str) -> bool:
 
 def _category_definitions(categories: list[str]) -> dict[str, str]:
     """One-line definitions of the taxonomy ids (:mod:`reterm.recovery.taxonomy`), first clause only."""
-    try:
-        from reterm.recovery.taxonomy import DEFINITIONS
-    except ImportError:  # the taxonomy module is optional for rendering
-        return {}
     by_id = {getattr(k, "value", str(k)): v for k, v in DEFINITIONS.items()}
     return {c: by_id[c].split(":")[0].split(" (")[0] for c in categories if c in by_id}
 
@@ -120,12 +119,12 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
     """Row counts per split, records per category and per failure source, one example record, and sizes
     (``{split: Arrow bytes}`` plus ``"download_size"``: bytes of the parquet files).
 
-    Raises ``ValueError`` when the shards disagree with ``stats`` or with ``reterm.records.FEATURES``.
+    Raises ``ValueError`` when the shards disagree with ``stats`` or with ``reterm.record_features.FEATURES``.
     """
     import pyarrow.parquet as pq
     from datasets import Features
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     shards = dataset_shards(folder)
     if set(shards) != set(stats.splits):
@@ -149,7 +148,7 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
                 extra = sorted(set(features) - set(FEATURES))
                 changed = sorted(k for k in set(FEATURES) & set(features) if FEATURES[k] != features[k])
                 raise ValueError(
-                    f"{path}: columns differ from reterm.records.FEATURES "
+                    f"{path}: columns differ from reterm.record_features.FEATURES "
                     f"(missing {missing}, unexpected {extra}, different types {changed})"
                 )
             table = pq.read_table(path)
@@ -190,7 +189,6 @@ def _pick_example(records: list[dict[str, Any]], best: dict[str, Any] | None) ->
 # --------------------------------------------------------------------------------- sections
 def _example_markdown(record: dict[str, Any]) -> str:
     """The worked example: every message in order, the failing step and the recovery marked."""
-    from reterm.agent.protocol import SYSTEM_PROMPT
 
     out = []
     assistant_steps = -1
@@ -238,7 +236,7 @@ def _fence(text: str, limit: int, lang: str = "text") -> str:
 
 
 def _schema_rows() -> list[tuple[str, str, str]]:
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     def type_name(feature: Any) -> str:
         name = type(feature).__name__
@@ -268,7 +266,7 @@ def card_metadata(stats: DatasetStats, rows: dict[str, int], sizes: dict[str, in
     from datasets.info import DatasetInfosDict
     from datasets.utils.metadata import MetadataConfigs
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     data = DatasetCardData(
         pretty_name=stats.name,

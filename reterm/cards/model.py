@@ -44,7 +44,9 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from reterm.cards.model_inputs import EvalResults, ModelResult, Recipe, load_recipe, load_results
+from reterm.eval.drills import report
 from reterm.hub_metadata import check_readme
+from reterm.training.models import PUBLIC_BASES
 
 TEMPLATE = Path(__file__).with_name("templates") / "model.md"
 TAGS = ["reterm", "terminal-agent", "agent", "tool-use", "error-recovery", "trl"]
@@ -179,7 +181,6 @@ def check_training_record(folder: Path, record: TrainingRecord | None, recipes: 
 def _public_id(value: Any) -> str | None:
     """``value`` as a Hub id: itself when it is one, the public checkpoint of a kit model name
     (``smollm2``), else ``None``."""
-    from reterm.training.models import PUBLIC_BASES
 
     if isinstance(value, str) and value in PUBLIC_BASES and is_hub_id(PUBLIC_BASES[value][0]):
         return PUBLIC_BASES[value][0]
@@ -234,7 +235,6 @@ def is_drills_results(path: str | Path) -> bool:
 def drills_section(path: str | Path, eval_name: str | None) -> str:
     """The card's results on the recovery drills: the evaluation's own table and paired differences
     (``reterm.eval.drills.report``), this model named first."""
-    from reterm.eval.drills import report
 
     results = json.loads(Path(path).read_text())
     if eval_name is not None and eval_name not in results["models"]:

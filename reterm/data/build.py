@@ -35,11 +35,20 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
+from reterm.data import inject
+from reterm.data.build_report import markdown, plots
 from reterm.data.config import ConfigError, PipelineConfig, load_config, resolve_path
+from reterm.data.failures import mine_states
+from reterm.data.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
+from reterm.data.recover import WorkItem, recover_all
+from reterm.data.replay_check import replay_record
 from reterm.data.rollout import RolloutFault
 from reterm.data.state import ConfigMismatchError, Journal
 from reterm.data.tasks import TaskInfo, benchmark_tasks, check_tasks, eval_tasks, select_tasks
+from reterm.data.teacher import OracleGuidedTeacher, load_recovery_policy
 from reterm.io import write_text_atomic
+from reterm.recovery import FailureState
+from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger("pipeline")
 
@@ -91,9 +100,6 @@ def stage_rollout(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]) 
 
 
 def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any) -> list[Any]:
-    from reterm.data.failures import mine_states
-    from reterm.data.recover import WorkItem
-
     if not journal.done("failures"):
         st = _Stage(journal, "failures")
         _say(f"stage 2/6 failures: localising {len(rollouts.failed)} failed trials")
@@ -120,11 +126,7 @@ async def _gather_limited(jobs: list[Any], limit: int) -> None:
 
 
 def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo], rollouts: Any) -> list[Any]:
-    from reterm.data import inject
-    from reterm.data.recover import WorkItem
     from reterm.data.rollout import with_id
-    from reterm.recovery import FailureState
-    from reterm.trajectory import Outcome, Trajectory
 
     ic = cfg.injection
     if not ic.enabled:
@@ -243,9 +245,6 @@ def choose_items(items: list[Any], max_states: int | None) -> list[Any]:
 
 
 def stage_recovery(cfg: PipelineConfig, journal: Journal, items: list[Any], tasks: list[TaskInfo]) -> dict[str, Any]:
-    from reterm.data.recover import recover_all
-    from reterm.data.teacher import OracleGuidedTeacher, load_recovery_policy
-
     task_dirs = {t.id: t.path for t in tasks}
     if not journal.done("recovery"):
         st = _Stage(journal, "recovery")
@@ -278,7 +277,6 @@ def stage_recovery(cfg: PipelineConfig, journal: Journal, items: list[Any], task
 
 def _replay_checks(cfg: PipelineConfig, journal: Journal, records: list[dict[str, Any]], items: dict[str, Any],
                    tasks: dict[str, Path]) -> None:  # fmt: skip
-    from reterm.data.replay_check import replay_record
 
     todo = [r for r in records if not journal.has_unit("replay", r["id"])]
     if not todo:
@@ -310,8 +308,6 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
         ConfigError: a config that cannot be used (tasks, splits, policies...).
         ConfigMismatchError: ``output`` holds a build made with another config (use ``fresh``).
     """
-    from reterm.data.build_report import markdown, plots
-    from reterm.data.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
     from reterm.data.write import build_stats, per_category_counts, records_from_unit, split_records, write_output
 
     t0 = time.monotonic()

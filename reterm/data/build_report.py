@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from reterm.data.filters import record_chars
+
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     def fmt(v: Any) -> str:
@@ -32,8 +34,6 @@ def plots(folder: Path, kept: list[dict[str, Any]], per_category: dict[str, dict
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from reterm.data.filters import record_chars
 
     folder.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
@@ -81,7 +81,6 @@ def plots(folder: Path, kept: list[dict[str, Any]], per_category: dict[str, dict
 
 def markdown(info: dict[str, Any]) -> str:
     """The report text from the build's summary dict (see :func:`reterm.data.build.build`)."""
-    from reterm.data.filters import record_chars
 
     kept = info["kept"]
     per_category = info["per_category"]

@@ -38,12 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import load_task
-from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.agent.protocol import PROMPT_VERSION
+from reterm.data.layout import write_dataset_folder
+from reterm.drills.families import FAMILIES
 from reterm.drills.generate import recovery_commands, stage_parts
+from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
-from reterm.records import NO_FAILURE_STEP, release_columns, trains_on_mistake
+from reterm.records import NO_FAILURE_STEP, trains_on_mistake
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import State
 from reterm.trajectory import Outcome, Step, Trajectory
 
 
@@ -134,41 +137,31 @@ def _family(task_dir: Path) -> str:
     return str((load_task(task_dir).config.metadata or {}).get("family", ""))
 
 
-def _record(traj: Trajectory, train_from: int, target: int, *, failure_step: int, failed: Step | None,
-            recovery_turns: int, category: str, source: str, source_policy: str, replay: list[str], state_id: str,
+def _record(state: State, traj: Trajectory, *, failure_step: int, failed: Step | None, source_policy: str,
             family: str, injection: str | None = None) -> dict[str, Any]:
-    """One dataset row: the release's six columns (:func:`reterm.records.release_columns`) of the verified
-    trajectory ``traj``, then the kit's metadata columns (docs/PROTOCOL.md).
+    """One dataset row, written by the one record writer (:meth:`reterm.recovery.state.State.to_record`): the
+    release's six columns of the verified trajectory ``traj`` (trained from the end of ``state``'s history; its
+    level gives ``target_attempt_index``), then the kit's metadata columns (docs/PROTOCOL.md).
 
     Args:
-        traj: the verified trajectory (reward 1) whose messages from ``train_from`` on are trained on.
-        train_from: ``train_from_message_index``.
-        target: ``target_attempt_index`` (2: a recovery attempt after a failed one; 1: a recovery inside the
-            first attempt).
-        failure_step: index of the last step of the failure state the recovery starts from.
+        state: the failure state the recovery in ``traj`` starts from (its id is the column ``trajectory_id``).
+        traj: the verified trajectory (reward 1) whose messages after the state's history are trained on.
+        failure_step: index of the step the record marks as its mistake
+            (:data:`reterm.records.NO_FAILURE_STEP` for a reference solution from the task's start).
         failed: the failed step whose command and output the record names, if any.
-        recovery_turns: steps taken after the failure state.
-        replay: the bash commands that rebuild the failure state.
-        state_id: the failure state's id (:func:`reterm.recovery.state.state_id`; column ``trajectory_id``).
+        source_policy: the policy whose attempt failed.
         family: the drill family (``[metadata] family``).
         injection: the ``injection`` column (default ``"first_mistake"`` for injected failures, else empty).
     """
     if injection is None:
-        injection = "first_mistake" if source == "injected" else ""
-    row = release_columns(traj.task_id, traj.to_messages(), train_from, target)
-    row.update({
-        "task_license": "Apache-2.0", "instruction": traj.instruction, "tools": json.dumps(TOOLS, ensure_ascii=False),
-        "failure_step": failure_step, "failure_category": category, "failure_source": source,
-        "injection": injection,
-        "failure_command": (failed.command if failed else "") or "",
-        "failure_output": (failed.observation if failed else "") or "",
-        "replay_commands": replay, "verifier_reward": float(traj.reward or 0.0), "attempts": 1,
-        "successful_attempts": 1, "recovery_turns": recovery_turns, "source_policy": source_policy,
-        "teacher": traj.policy, "trajectory_id": state_id, "prompt_version": PROMPT_VERSION, "family": family,
-    })  # fmt: skip
+        injection = "first_mistake" if state.source == "injected" else ""
+    row = state.to_record(
+        traj, task_license="Apache-2.0", failure_step=failure_step, injection=injection,
+        failure_command=(failed.command if failed else "") or "", failure_output=(failed.observation if failed else "") or "",
+        attempts=1, successful_attempts=1, source_policy=source_policy, family=family)  # fmt: skip
     if trains_on_mistake(row):
-        raise ValueError(f"record {row['id']}: train_from_message_index={train_from} would train on the mistake "
-                         f"(failure_step={failure_step})")
+        raise ValueError(f"record {row['id']}: train_from_message_index={row['train_from_message_index']} would "
+                         f"train on the mistake (failure_step={failure_step})")
     return row
 
 
@@ -200,11 +193,9 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
             traj.metadata["failure_category"] = st.category
             failed_step = next((s for s in state.steps if s.action is not None and s.exit_status not in (0, None)), None)
             entry["records"].append(_record(
-                traj, len(traj.to_messages(upto=traj.prefix_len)), 2, failure_step=len(state.steps) - 1,
-                failed=failed_step, recovery_turns=len(traj.steps) - traj.prefix_len, category=st.category,
-                source=source, source_policy=label or getattr(policy, "name", source),
-                replay=[s.action.command or "" for s in state.steps if s.action is not None and s.action.tool == "bash"],
-                state_id=st.id, family=_family(a.task_dir), injection=injection))  # fmt: skip
+                State.from_failure_state(st, state, source), traj, failure_step=len(state.steps) - 1,
+                failed=failed_step, source_policy=label or getattr(policy, "name", source),
+                family=_family(a.task_dir), injection=injection))  # fmt: skip
     if (source == "injected") if in_attempt is None else in_attempt:
         entry["records"] += await _in_attempt_records([a for a, st in zip(failed, states)],
                                                       {a.task_dir: st.category for a, st in zip(failed, states)})
@@ -232,8 +223,6 @@ def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
     Raises:
         ValueError: naming the task when it is not a multi-stage drill or ``kind`` is unknown.
     """
-    from reterm.drills.families import FAMILIES
-
     parts = stage_parts(task_dir)
     if len(parts) < 2:
         raise ValueError(f"{task_dir}: not a multi-stage drill (no [metadata] stage_families)")
@@ -260,11 +249,9 @@ async def _whole_records(dirs: list[Path]) -> dict[str, Any]:
         traj = r.trajectory
         if traj.outcome is not Outcome.SUCCESS:
             continue
-        first_turn = next(i for i, m in enumerate(traj.to_messages()) if m["role"] == "assistant")
-        entry["records"].append(_record(
-            traj, first_turn, 1, failure_step=NO_FAILURE_STEP, failed=None, recovery_turns=len(traj.steps),
-            category="none", source="reference", source_policy="oracle", replay=[],
-            state_id=state_id_of(traj, []), family=_family(r.task_dir), injection=""))  # fmt: skip
+        start = State.from_history(traj, [], category="none", source="task_start", level="in_attempt")
+        entry["records"].append(_record(start, traj, failure_step=NO_FAILURE_STEP, failed=None, source_policy="oracle",
+                                        family=_family(r.task_dir), injection=""))  # fmt: skip
     return entry
 
 
@@ -301,9 +288,10 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
         traj = r.trajectory
         if traj.outcome is not Outcome.SUCCESS or len(traj.steps) < 2:
             continue
-        rows.append(_record(traj, recovery_start(traj), 1, failure_step=0, failed=traj.steps[0], recovery_turns=len(traj.steps) - 1,
-                            category=categories[r.task_dir], source="injected", source_policy="first-mistake",
-                            replay=[], state_id=state_id_of(traj, traj.steps[:1]), family=_family(r.task_dir)))  # fmt: skip
+        state = State.from_history(traj, [s.model_copy(update={"from_history": True}) for s in traj.steps[:1]],
+                                   category=categories[r.task_dir], source="injected", level="in_attempt")
+        rows.append(_record(state, traj, failure_step=0, failed=traj.steps[0], source_policy="first-mistake",
+                            family=_family(r.task_dir)))  # fmt: skip
     return rows
 
 
@@ -336,8 +324,6 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             injected (default all). Multi-stage train instances (:func:`reterm.drills.generate.stage_parts`) give a
             whole reference solution each and one scripted failed attempt of :data:`MULTISTAGE_KINDS` each.
     """
-    from reterm.data.layout import write_dataset_folder
-
     t0 = time.monotonic()
     splits = read_splits(tasks)
     dirs = [tasks / n for n in splits["train"]][:max_tasks]
@@ -378,8 +364,6 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     step = max(1, len(dirs) // own_tasks) if own_tasks else 1
     loaded: dict[str, Any] = {}
     for j, spec in enumerate(policies):
-        from reterm.policies import load_policy
-
         key = f"own:{spec}"
         def run_own(chunk, spec=spec, key=key):  # fmt: skip
             if key not in loaded:

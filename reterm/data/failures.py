@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reterm.data.config import FailuresConfig
+from reterm.policies import load_policy
 from reterm.recovery import Classifier, FailureState, LLMJudge, localise_many
 from reterm.trajectory import Trajectory
 
@@ -23,7 +24,6 @@ def make_classifier(cfg: FailuresConfig) -> Classifier:
     """Rules only, or rules + an LLM judge through any policy spec (``failures.judge``)."""
     if not cfg.judge:
         return Classifier()
-    from reterm.policies import load_policy
 
     return Classifier(judge=LLMJudge(load_policy(cfg.judge, **cfg.judge_kwargs)))
 

@@ -1,6 +1,6 @@
 """Stage 5: quality filters, exact and near-duplicate removal, decontamination. Each step is counted.
 
-Records are rows of :data:`reterm.records.FEATURES`. The order of the funnel (``stats.json``'s
+Records are rows of :data:`reterm.record_features.FEATURES`. The order of the funnel (``stats.json``'s
 ``filters``): quality -> duplicates -> decontamination; within each, candidates are visited in a fixed
 order (fewest recovery turns, then fewest characters, then id), so the better of two duplicates is kept
 and the result does not depend on the order records were produced in.

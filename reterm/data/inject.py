@@ -36,6 +36,10 @@ import shlex
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from reterm.agent.episode import EpisodeSpec, run_episodes
+from reterm.data.environments import make_environment, stop_quietly
+from reterm.policies.scripted import ScriptedPolicy
+from reterm.recovery import localise
 from reterm.trajectory import Trajectory
 
 _WORD = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{2,}$")
@@ -273,9 +277,6 @@ async def run_commands(task_dir: Any, commands: list[str], environment: Any, tim
     seconds (written into its tool call, so a replay applies it). Returns the scored trajectory (or one
     with an infrastructure-fault outcome); the environment is always stopped.
     """
-    from reterm.agent.episode import EpisodeSpec, run_episodes
-    from reterm.data.environments import make_environment, stop_quietly
-    from reterm.policies.scripted import ScriptedPolicy
 
     env = make_environment(environment, task_dir, "inject")
     try:
@@ -298,7 +299,6 @@ def injected_state(traj: Trajectory, perturbation: Perturbation) -> tuple[Any, s
     first runs the failing tests, say) is context, and a failure that only comes back because of the
     perturbation counts at the step where it comes back.
     """
-    from reterm.recovery import localise
 
     if traj.outcome.is_infra_fault:
         return None, f"infrastructure fault: {traj.error}"

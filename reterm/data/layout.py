@@ -1,7 +1,7 @@
 """The published folder of ReTerm-10K, in the Hub layout ``datasets.push_to_hub`` writes::
 
     FOLDER/
-      data/{split}-{i:05d}-of-{n:05d}.parquet   rows with reterm.records.FEATURES
+      data/{split}-{i:05d}-of-{n:05d}.parquet   rows with reterm.record_features.FEATURES
       stats.json                               reterm.data.dataset_stats.DatasetStats
       README.md                                the card (written by ``reterm publish``, not here)
 
@@ -37,7 +37,7 @@ def write_dataset_folder(
     Args:
         folder: output folder (created). Existing ``data/*.parquet`` shards of the written splits are
             replaced, so a re-run never leaves stale shards behind.
-        splits: split name -> rows (dicts with the columns of :data:`reterm.records.FEATURES`).
+        splits: split name -> rows (dicts with the columns of :data:`reterm.record_features.FEATURES`).
         stats: the run's statistics (validated with :class:`DatasetStats`).
         max_shard_bytes: Arrow bytes per shard (as ``push_to_hub``'s ``max_shard_size``).
 
@@ -50,7 +50,7 @@ def write_dataset_folder(
     """
     from datasets import Dataset
 
-    from reterm.records import FEATURES
+    from reterm.record_features import FEATURES
 
     stats = stats if isinstance(stats, DatasetStats) else DatasetStats.model_validate(dict(stats))
     folder = Path(folder)

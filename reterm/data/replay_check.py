@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reterm.agent.episode import run_verifier
+from reterm.agent.terminal import TerminalSession
 from reterm.data.config import EnvironmentConfig
 from reterm.data.environments import make_environment, stop_quietly
 
@@ -41,8 +43,6 @@ async def replay_record(record: dict[str, Any], task_dir: str | Path, environmen
     Returns ``{"reward": float | None, "error": str | None}`` (``error`` for infrastructure faults; the
     environment is always stopped).
     """
-    from reterm.agent.episode import run_verifier
-    from reterm.agent.terminal import TerminalSession
 
     env = make_environment(environment, task_dir, "replaycheck")
     try:

@@ -28,9 +28,13 @@ from typing import Any
 
 from harbor.environments.base import BaseEnvironment
 
+from reterm.agent.atif import trajectory_from_trial
+from reterm.agent.environments import quiet_offline_litellm
 from reterm.agent.harbor import ReTermAgent
 from reterm.data.config import PipelineConfig
+from reterm.data.environments import harbor_environment_config
 from reterm.data.tasks import TaskInfo
+from reterm.policies.scripted import ScriptedPolicy
 from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -55,8 +59,6 @@ class ScriptedReTermAgent(ReTermAgent):
         self.scripts = json.loads(scripts) if isinstance(scripts, str) else dict(scripts)
 
     async def setup(self, environment: BaseEnvironment) -> None:
-        from reterm.policies.scripted import ScriptedPolicy
-
         task = self._task(environment)
         task_id = task.paths.task_dir.name
         if task_id not in self.scripts:
@@ -83,8 +85,6 @@ def job_config(cfg: PipelineConfig, tasks: list[TaskInfo], jobs_dir: Path) -> An
     """The Harbor :class:`JobConfig` of the rollout (k attempts per task, concurrency n)."""
     from harbor.models.job.config import DatasetConfig, JobConfig, RetryConfig
     from harbor.models.trial.config import AgentConfig
-
-    from reterm.data.environments import harbor_environment_config
 
     r = cfg.rollout
     kwargs: dict[str, Any] = {"max_turns": r.max_turns, "command_timeout": r.command_timeout}
@@ -141,7 +141,6 @@ def run_rollouts(cfg: PipelineConfig, tasks: list[TaskInfo], jobs_dir: Path) -> 
     A job folder whose Harbor files were cut by a kill is discarded and run again (its trials cannot be
     matched to the config any more, and keeping them would duplicate episodes).
     """
-    from reterm.agent.environments import quiet_offline_litellm
 
     job_dir = jobs_dir / JOB_NAME
     if job_dir.exists() and not _job_folder_usable(job_dir):
@@ -245,7 +244,6 @@ def load_rollouts(job_dir: Path, allowed_tasks: set[str] | None = None) -> Rollo
     Raises:
         ValueError: a trial ran a task outside ``allowed_tasks`` (e.g. the evaluation split).
     """
-    from reterm.agent.atif import trajectory_from_trial
 
     out = Rollouts()
     trials = sorted(p for p in job_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) if job_dir.is_dir() else []

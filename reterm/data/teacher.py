@@ -17,16 +17,16 @@ by the plan whose prefix it starts with, at the position given by the assistant 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reterm.agent.protocol import SYSTEM_PROMPT
+from reterm.policies import load_policy
 from reterm.policies.base import Generation
 from reterm.policies.scripted import CallFormat, bash_call, submit_call
 from reterm.recovery import FailureState
+from reterm.recovery.state import state_id
 from reterm.trajectory import Trajectory
 
 ORACLE_GUIDED = "oracle-guided"
@@ -73,12 +73,6 @@ def diagnosis(state: FailureState, next_command: str | None) -> str:
         head = f"The last command did not do what was needed: `{evidence}`."
     nxt = f" Next: `{_first_line(next_command)}`." if next_command else " Everything needed is in place now."
     return f"{head} Diagnosis ({state.category.replace('_', ' ')}): {cause}{nxt}"
-
-
-def conversation_key(messages: list[dict[str, Any]]) -> str:
-    """A hash of chat messages (the key of a failure prefix)."""
-    blob = json.dumps(messages, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def prefix_messages(instruction: str, state: FailureState) -> list[dict[str, Any]]:
@@ -128,7 +122,8 @@ class OracleGuidedTeacher:
         self.tasks = {k: Path(v) for k, v in tasks.items()}
         self.call_format, self.name = call_format, name
         self._solutions: dict[str, list[str]] = {}
-        self._plans: dict[str, Plan] = {}
+        self._plans: dict[str, Plan] = {}  # state_id -> plan
+        self._tasks: dict[str, set[str]] = {}  # instruction -> task ids registered with it
         self._lengths: set[int] = set()
 
     def solution(self, task_id: str) -> list[str]:
@@ -151,16 +146,19 @@ class OracleGuidedTeacher:
         """Make the teacher answer conversations that start with this failure state's prefix."""
         messages = prefix_messages(instruction, state)
         plan = self.plan(state)
-        self._plans[conversation_key(messages)] = plan
+        self._plans[state_id(state.task_id, messages)] = plan  # the state's one id (reterm.recovery.state)
+        self._tasks.setdefault(instruction.strip(), set()).add(state.task_id)
         self._lengths.add(len(messages))
         return plan
 
     def reply(self, messages: list[dict[str, Any]]) -> str:
         """The raw reply text for one conversation."""
+        user = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
+        tasks = sorted(self._tasks.get(user.strip(), ()))
         for n in sorted(self._lengths, reverse=True):
             if len(messages) < n:
                 continue
-            plan = self._plans.get(conversation_key(messages[:n]))
+            plan = next((self._plans[k] for k in (state_id(t, messages[:n]) for t in tasks) if k in self._plans), None)
             if plan is None:
                 continue
             k = sum(1 for m in messages[n:] if m.get("role") == "assistant")
@@ -185,7 +183,6 @@ def load_recovery_policy(spec: str, kwargs: dict[str, Any], tasks: dict[str, Pat
     """
     if spec == ORACLE_GUIDED:
         return OracleGuidedTeacher(tasks, **kwargs)
-    from reterm.policies import load_policy
 
     if spec == "self":
         if rollout_policy == "scripted":

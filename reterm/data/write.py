@@ -1,6 +1,6 @@
 """Stage 6: records from verified attempts, the dataset folder in the Hub layout, and ``stats.json``.
 
-- A **record** (:data:`reterm.records.FEATURES`) is one attempt's whole conversation in the training
+- A **record** (:data:`reterm.record_features.FEATURES`) is one attempt's whole conversation in the training
   format (:meth:`reterm.trajectory.Trajectory.to_messages`, normalised with
   :func:`reterm.records.normalise_message`): the failure prefix, then the recovery, ``train_from_message_index``
   pointing at the first recovery message. Its ``id`` is a hash of task and messages, so identical
@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import sys
@@ -27,12 +26,13 @@ from typing import Any
 
 import yaml
 
-from reterm.agent.protocol import PROMPT_VERSION, TOOLS
 from reterm.data.config import PipelineConfig
+from reterm.data.layout import write_dataset_folder
 from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
 from reterm.io import atomic_output, default_mode, write_text_atomic
-from reterm.records import FEATURES, release_columns
+from reterm.record_features import FEATURES
+from reterm.recovery.state import State
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
 FAILED_DIR = "failed_attempts"
@@ -41,38 +41,14 @@ PACKAGES = ("torch", "transformers", "trl", "datasets", "huggingface_hub", "harb
 
 
 def make_record(item: WorkItem, attempt: Trajectory, task: TaskInfo, scored: int, successes: int) -> dict[str, Any]:
-    """The :data:`FEATURES` row of one recovery attempt from ``item``'s failure state.
-
-    The release columns come from :func:`reterm.records.release_columns`; ``target_attempt_index`` is 2
-    when the failure state is the end of a failed attempt (its last history step carries the feedback
-    message), else 1.
-    """
-    state = item.state
-    attempt_level = bool(attempt.prefix_len and attempt.steps[attempt.prefix_len - 1].extra.get("feedback"))
-    row = release_columns(attempt.task_id, attempt.to_messages(),
-                          len(attempt.to_messages(upto=attempt.prefix_len)), 2 if attempt_level else 1)
-    row.update({
-        "task_license": task.license,
-        "instruction": attempt.instruction,
-        "tools": json.dumps(TOOLS, ensure_ascii=False),
-        "failure_step": state.step,
-        "failure_category": state.category,
-        "failure_source": item.source,
-        "injection": item.injection,
-        "failure_command": state.command or "",
-        "failure_output": state.output or "",
-        "replay_commands": list(state.replay_commands),
-        "verifier_reward": float(attempt.reward) if attempt.reward is not None else 0.0,
-        "attempts": scored,
-        "successful_attempts": successes,
-        "recovery_turns": len(attempt.steps) - attempt.prefix_len,
-        "source_policy": item.source_policy,
-        "teacher": attempt.policy,
-        "trajectory_id": state.trajectory_id,
-        "prompt_version": PROMPT_VERSION,
-        "family": "",
-    })
-    return row
+    """The row of one recovery attempt from ``item``'s failure state, written by the one record writer
+    (:meth:`reterm.recovery.state.State.to_record`: the release columns, ``target_attempt_index`` from the
+    state's level, ``trajectory_id`` the state's id)."""
+    fs = item.state
+    return State.from_failure_state(fs, attempt, item.source).to_record(
+        attempt, task_license=task.license, failure_step=fs.step, injection=item.injection,
+        failure_command=fs.command or "", failure_output=fs.output or "", attempts=scored,
+        successful_attempts=successes, source_policy=item.source_policy)  # fmt: skip
 
 
 def attempt_trajectories(unit: dict[str, Any]) -> list[Trajectory]:
@@ -203,7 +179,6 @@ def write_output(output: Path, splits: dict[str, list[dict[str, Any]]], failed: 
                  stats: dict[str, Any], cfg: PipelineConfig) -> dict[str, Any]:  # fmt: skip
     """Write the dataset folder (``splits``: :func:`split_records`), the failed attempts, the run's config
     and versions. Returns the paths."""
-    from reterm.data.layout import write_dataset_folder
 
     shards = write_dataset_folder(output, splits, stats)
     failed_path = write_parquet(failed, output / FAILED_DIR / "attempts-00000-of-00001.parquet")

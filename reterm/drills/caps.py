@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reterm.drills.generate import recovery_commands
 from reterm.policies.scripted import bash_call, submit_call, turn_tokens
 
 
@@ -48,7 +49,6 @@ def reference_needs(task_dir: str | Path, tokenizer: Any) -> ReferenceNeeds:
     Raises:
         ValueError: the task has no solution steps (named by folder).
     """
-    from reterm.drills.generate import recovery_commands
     from reterm.tasks import solution_steps
 
     task_dir = Path(task_dir)

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reterm.drills.generate import VERIFIER_TIMEOUT_SEC
+from reterm.recovery.classify import StepRecord, classify_step
+from reterm.sandbox.box import ExecTimeoutError
 
 SOLUTION_TIMEOUT_SEC = 60
 MISTAKE_TIMEOUT_SEC = 30
@@ -109,8 +111,6 @@ async def _verify(env, task_dir: Path) -> float:
 async def check_drill(task_dir: Path | str) -> DrillCheck:
     """Check one drill folder in three fresh local sandboxes (see the module doc). Never raises for a bad
     drill: problems are in the result."""
-    from reterm.recovery.classify import StepRecord, classify_step
-    from reterm.sandbox.box import ExecTimeoutError
     from reterm.sandbox.local import LocalEnvironment
 
     task_dir = Path(task_dir).resolve()

@@ -18,11 +18,7 @@ instance when ``floor((k + 1) * f) > floor(k * f)`` (``f`` = ``test_fraction``),
 rule puts ``floor(n * f)`` of the first ``n`` instances in ``test`` and keeps every instance's split the
 same when ``per_family`` grows.
 
-With ``multistage = N`` the folder also holds ``N`` two-stage ``train`` instances
-(:mod:`reterm.drills.multistage`, folders ``multi-<index>`` from index
-:data:`reterm.drills.multistage.TRAIN_START`), drawn from the generated in-distribution families: records on
-them teach the SFT cold start to carry on after a hurdle instead of submitting. Their indices never meet
-the mechanism's multi-stage tasks (indices below ``TRAIN_START``).
+:func:`reterm.drills.multistage.add_train_instances` adds two-stage ``train`` instances to such a folder.
 """
 
 from __future__ import annotations
@@ -38,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reterm.agent.episode import load_task
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
 from reterm.drills.model import Drill
+from reterm.trajectory import write_json_atomic
 
 SPLITS = ("train", "test", "test_ood")
 TIER = "drills"
@@ -154,7 +152,6 @@ def solve_script(drill: Drill, name: str) -> str:
 def recovery_commands(task_dir: Path) -> list[str]:
     """The commands that complete the drill from the state its first mistake leaves (``[metadata] recovery``,
     as :func:`task_toml` writes it and the drills check verifies); the reference solution when the task has none."""
-    from reterm.agent.episode import load_task
     from reterm.tasks import solution_steps
 
     meta = load_task(Path(task_dir)).config.metadata or {}
@@ -246,7 +243,6 @@ def generate_drills(
     families: list[str] | None = None,
     ood_families: tuple[str, ...] | list[str] = DEFAULT_OOD_FAMILIES,
     test_fraction: float = 0.25,
-    multistage: int = 0,
 ) -> list[DrillInstance]:
     """Write ``per_family`` instances of each family under ``out`` and ``out/splits.json``.
 
@@ -260,7 +256,6 @@ def generate_drills(
         families: the families to write (default: all of :data:`FAMILIES`).
         ood_families: families held out whole as ``test_ood``; each must be among ``families``.
         test_fraction: share of each in-distribution family's instances held out as ``test`` (0 to 1).
-        multistage: two-stage ``train`` instances to add (see the module doc; 0: none).
 
     Returns:
         The instances written, in family then index order.
@@ -283,8 +278,6 @@ def generate_drills(
         raise ValueError(f"per_family must be at least 1, not {per_family}")
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), not {test_fraction}")
-    if multistage < 0:
-        raise ValueError(f"multistage must be 0 or more, not {multistage}")
     out.mkdir(parents=True, exist_ok=True)
     instances: list[DrillInstance] = []
     splits: dict = {s: [] for s in SPLITS}
@@ -304,24 +297,12 @@ def generate_drills(
             instances.append(DrillInstance(name, family, drill.category, k, split, path, seed))
             splits[split].append(name)
             splits["tasks"][name] = {"categories": [drill.category], "difficulty": "easy", "family": family}
-    if multistage:
-        from reterm.drills.multistage import TRAIN_START, make_multistage, stage_families
-
-        stage_fams = stage_families([f for f in names if f not in ood_families])
-        for k in range(TRAIN_START, TRAIN_START + multistage):
-            drill = make_multistage(seed, k, families=stage_fams)
-            name = instance_name("multi", k)
-            path = write_task(task_files(drill, name=name, split="train", seed=seed, index=k), out / name)
-            instances.append(DrillInstance(name, drill.family, drill.category, k, "train", path, seed))
-            splits["train"].append(name)
-            splits["tasks"][name] = {"categories": [drill.category], "difficulty": "medium", "family": drill.family}
     written = {i.name for i in instances}
     for d in out.iterdir():
         if d.is_dir() and d.name not in written and _is_drill_folder(d):
             shutil.rmtree(d)
     splits["drills"] = {"seed": seed, "per_family": per_family, "families": names, "ood_families": list(ood_families),
-                        "test_fraction": test_fraction, "multistage": multistage}  # fmt: skip
-    from reterm.trajectory import write_json_atomic
+                        "test_fraction": test_fraction, "multistage": 0}  # fmt: skip
 
     write_json_atomic(out / "splits.json", splits)
     return instances

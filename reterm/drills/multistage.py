@@ -16,14 +16,17 @@ stage's. Its family is ``multi:<a>+<b>``. Instances are determined by ``(seed, i
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
-from reterm.drills.generate import instance_name, make_drill, task_files, write_task
+from reterm.drills.generate import DrillInstance, instance_name, make_drill, task_files, write_task
 from reterm.drills.model import Drill
 from reterm.recovery.taxonomy import Category
+from reterm.trajectory import write_json_atomic
+
 
 def stage_families(families: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The ones of ``families`` a stage may be drawn from: those whose mistake does not hang (a stage whose
@@ -116,3 +119,40 @@ def generate_multistage(out: str | Path, seed: int, n: int, *,
         path = write_task(task_files(drill, name=name, split="test", seed=seed, index=i), out / name)
         done.append(MultiStageInstance(name, drill.family, drill.category, path))
     return done
+
+
+def add_train_instances(out: str | Path, n: int) -> list[DrillInstance]:
+    """Add ``n`` two-stage ``train`` instances to a drills folder written by
+    :func:`reterm.drills.generate.generate_drills` (``reterm tasks drills --multistage N``).
+
+    Their stages are drawn from the folder's in-distribution families (:func:`stage_families`: held-out families
+    never appear), their indices start at :data:`TRAIN_START` (``multi-10000``, ...; never one of the mechanism's
+    tasks) and the folder's seed; ``splits.json`` gets them in ``train`` and ``tasks`` and records
+    ``drills.multistage = n``. Records on them teach the SFT cold start to carry on after a hurdle
+    (:mod:`reterm.data.drills`).
+
+    Raises:
+        ValueError: ``n`` < 0, or the folder has no ``splits.json`` of generated drills (named).
+    """
+    if n < 0:
+        raise ValueError(f"multistage must be 0 or more, not {n}")
+    out = Path(out)
+    path = out / "splits.json"
+    splits = json.loads(path.read_text()) if path.is_file() else {}
+    meta = splits.get("drills")
+    if not isinstance(meta, dict) or "seed" not in meta:
+        raise ValueError(f"{path}: not a generated drills folder (no 'drills' entry); run `reterm tasks drills` first")
+    seed = int(meta["seed"])
+    fams = stage_families([f for f in meta["families"] if f not in meta.get("ood_families", [])])
+    added = []
+    for k in range(TRAIN_START, TRAIN_START + n):
+        drill = make_multistage(seed, k, families=fams)
+        name = instance_name("multi", k)
+        write_task(task_files(drill, name=name, split="train", seed=seed, index=k), out / name)
+        added.append(DrillInstance(name, drill.family, drill.category, k, "train", out / name, seed))
+        if name not in splits["train"]:
+            splits["train"].append(name)
+        splits["tasks"][name] = {"categories": [drill.category], "difficulty": "medium", "family": drill.family}
+    meta["multistage"] = n
+    write_json_atomic(path, splits)
+    return added

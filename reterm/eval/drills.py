@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
+from reterm.drills.caps import unwinnable as find_unwinnable
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, apply_thread_policy, policy_defaults
 from reterm.io import write_text_atomic
+from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.recovery.state import State
@@ -326,7 +328,6 @@ def main(argv: list[str] | None = None) -> int:
     a.output.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     _say(f"{len(id_dirs)} in-distribution and {len(ood_dirs)} out-of-distribution instances, models {list(models)}")
-    from reterm.policies import load_policy
 
     todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
@@ -338,8 +339,6 @@ def main(argv: list[str] | None = None) -> int:
             policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
             if unwinnable is None and getattr(policy, "tokenizer", None) is not None:
                 # items whose own reference does not fit the caps confound every comparison (issue 24)
-                from reterm.drills.caps import unwinnable as find_unwinnable
-
                 unwinnable = sorted({n.task for n in find_unwinnable(
                     [*id_dirs, *ood_dirs], policy.tokenizer, max_turn_tokens=a.max_new_tokens,
                     max_turns=a.max_turns)})  # fmt: skip

@@ -40,6 +40,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from reterm.data.drills import read_splits
+from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage
+from reterm.eval.drills import spread
+from reterm.policies import load_policy
+from reterm.recovery.attempts import attempt_end_state, release, run_attempts
 from reterm.stats import group_signal, items_needed, min_detectable, paired_bootstrap, rate
 from reterm.stats import signal_attempt_share as share_with_interval
 from reterm.trajectory import Outcome, write_json_atomic
@@ -122,7 +127,6 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -> tuple[list[dict], list[str]]:
     """Both arms on a few tasks: G start attempts each, then G recovery attempts from each task's first failed
     start attempt. Returns ``(groups.jsonl rows, attempts.jsonl lines)``."""
-    from reterm.recovery.attempts import attempt_end_state, release, run_attempts
 
     g = group_size
     dirs = [t.path for t in tasks for _ in range(g)]
@@ -166,10 +170,6 @@ def single_stage_tasks(drills: Path, split: str, n: int) -> list[Any]:
         FileNotFoundError / ValueError: no ``splits.json``, or the split is empty (named).
     """
     import tomllib
-
-    from reterm.data.drills import read_splits
-    from reterm.drills.multistage import MultiStageInstance
-    from reterm.eval.drills import spread
 
     # the folder's multi-stage train instances (``multi-10000``, ...) are not single-stage
     names = [n for n in read_splits(drills).get(split) or [] if not n.startswith("multi-")]
@@ -261,7 +261,6 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
         print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
         return 2
-    from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, generate_multistage
 
     families = tuple(a.families.split(",")) if a.families else DEFAULT_STAGE_FAMILIES
     try:
@@ -272,7 +271,6 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"eval.mechanism: {exc}", file=sys.stderr)
         return 2
-    from reterm.policies import load_policy
 
     t0 = time.monotonic()
     journal = a.output / "groups.jsonl"

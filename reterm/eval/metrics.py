@@ -39,73 +39,15 @@ from typing import Any, Iterable
 
 from harbor.models.trial.result import TrialResult
 
-from reterm.agent.trial_outcome import broken_by_agent, classify_trial, reward_of, task_name  # noqa: F401
-from reterm.rewards import RewardError
-from reterm.trajectory import Outcome
-
-
-@dataclass
-class TrialScore:
-    """One Harbor trial, classified.
-
-    ``outcome`` is ``SUCCESS``/``FAILURE`` for scored trials, a fault outcome otherwise
-    (``Outcome.is_infra_fault``). ``reward`` is the verifier's reward (``None`` when there was none).
-    ``exception_type`` is Harbor's first recorded exception type, ``agent_timed_out`` marks
-    ``AgentTimeoutError``. ``agent_s`` is the agent phase's wall time in seconds (``None`` if it did not run).
-    """
-
-    task: str
-    trial: str
-    trial_dir: str
-    agent: str
-    model: str | None
-    outcome: Outcome
-    reward: float | None
-    exception_type: str | None = None
-    exception_message: str | None = None
-    agent_timed_out: bool = False
-    agent_s: float | None = None
-    broken_by_agent: str | None = None
-
-    @property
-    def scored(self) -> bool:
-        """True for agent outcomes (counted in Pass@1), False for infrastructure faults."""
-        return not self.outcome.is_infra_fault
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome is Outcome.SUCCESS
-
-
-def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
-    """A :class:`TrialScore` from a trial result (see :func:`classify_trial`)."""
-    outcome, reward = classify_trial(result, trial_dir)
-    exceptions = result.recorded_exceptions()
-    first = exceptions[0] if exceptions else None
-    exception_type = first.exception_type if first else None
-    exception_message = first.exception_message[:500] if first else None
-    try:
-        reward_of(result, trial_dir)
-    except RewardError as exc:  # the trial's own fault; the rest of the report goes on
-        exception_type, exception_message = "RewardError", str(exc)[:500]
-    timing = result.agent_execution
-    agent_s = None
-    if timing and timing.started_at and timing.finished_at:
-        agent_s = (timing.finished_at - timing.started_at).total_seconds()
-    return TrialScore(
-        task=task_name(result),
-        trial=result.trial_name,
-        trial_dir=str(trial_dir),
-        agent=result.agent_info.name,
-        model=result.agent_info.model_info.name if result.agent_info.model_info else None,
-        outcome=outcome,
-        reward=reward,
-        exception_type=exception_type,
-        exception_message=exception_message,
-        agent_timed_out=any(e.exception_type == "AgentTimeoutError" for e in exceptions),
-        agent_s=agent_s,
-        broken_by_agent=broken_by_agent(result),
-    )
+# the trial rules live with the trial outcome (reterm.agent.trial_outcome), re-exported here
+from reterm.agent.trial_outcome import (  # noqa: F401
+    TrialScore,
+    broken_by_agent,
+    classify_trial,
+    reward_of,
+    score_trial,
+    task_name,
+)
 
 
 @dataclass

@@ -33,7 +33,17 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reterm.agent.atif import trajectories_from_job, trajectory_from_trial
+from reterm.agent.episode import EpisodeSpec, run_episodes
+from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.eval.metrics import TrialScore
+from reterm.policies import load_policy
+from reterm.recovery.localise import FailureState, localise_many
+from reterm.recovery.materialize import materialize
+from reterm.recovery.metrics import attempt_recovery, in_trial_recovery
+from reterm.recovery.state import Level, State
+from reterm.recovery.taxonomy import parse_category
+from reterm.trajectory import Outcome, Trajectory
 
 
 def recovery_in_trials(trials: Iterable[TrialScore], scope: str = "all") -> dict[str, dict[str, Any]]:
@@ -42,8 +52,6 @@ def recovery_in_trials(trials: Iterable[TrialScore], scope: str = "all") -> dict
     Returns ``{category: {"failure_states": int, "recovered": int, "rate": float, "stderr": float}}`` for
     the categories with at least one failure state (empty when no trial has a trajectory).
     """
-    from reterm.agent.atif import trajectory_from_trial
-    from reterm.recovery.metrics import in_trial_recovery
 
     trajectories = []
     for t in trials:
@@ -69,7 +77,7 @@ class RecoveryFromStatesSpec(BaseModel):
     """``recovery_from_states:`` of an eval config.
 
     Args:
-        records: ReTerm-10K records (:data:`reterm.records.FEATURES`): a dataset folder
+        records: ReTerm-10K records (:data:`reterm.record_features.FEATURES`): a dataset folder
             (``datasets.load_dataset``), a ``.parquet`` or a ``.jsonl`` file. Each record's failure
             state is its prefix ``messages[:train_from_message_index]`` and its ``replay_commands``.
         jobs: Harbor job folders; the primary failure state of each failed trial
@@ -124,12 +132,10 @@ def states_from_records(path: str | Path) -> list[Any]:
 
     The state is :meth:`reterm.recovery.state.State.from_record` (its id is the content-derived
     :func:`reterm.recovery.state.state_id`, the same the dataset's ``trajectory_id`` and the GRPO pool's
-    ``state_id`` give it; history ``messages[:train_from_message_index]`` for attempt-level records, the
-    steps up to ``failure_step`` for in-attempt ones); ``trajectory_id`` keeps the record's ``id``.
+    ``state_id`` give it; history ``messages[:train_from_message_index]``); ``trajectory_id`` keeps the
+    record's ``id``.
     Raises ``ValueError`` naming the file and record id for a record whose prefix cannot be read.
     """
-    from reterm.recovery.localise import FailureState
-    from reterm.recovery.state import State
 
     path = Path(path)
     states = []
@@ -145,7 +151,7 @@ def states_from_records(path: str | Path) -> list[Any]:
                 confidence=1.0, source="record", command=row.get("failure_command") or None,
                 output=row.get("failure_output") or "", history=history, history_len=len(history),
                 replay_commands=replay, replay_timeouts=[None] * len(replay),
-                level="attempt_end" if st.level == "attempt" else "first_failing_step",
+                level="attempt_end" if st.level is Level.ATTEMPT else "first_failing_step",
             ))  # fmt: skip
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path}: record {rid}: not a usable failure state ({exc})") from exc
@@ -154,9 +160,6 @@ def states_from_records(path: str | Path) -> list[Any]:
 
 def states_from_jobs(job_dirs: Iterable[str | Path]) -> list[Any]:
     """The primary failure state of every failed trial in Harbor job folders (rules-only localisation)."""
-    from reterm.agent.atif import trajectories_from_job
-    from reterm.recovery.localise import localise_many
-    from reterm.trajectory import Outcome
 
     failed = [t for d in job_dirs for t in trajectories_from_job(d) if t.outcome is Outcome.FAILURE]
     return [r.primary for r in localise_many(failed) if r.primary is not None]
@@ -190,11 +193,7 @@ async def _attempts_from_state(policy: Any, state: Any, task_dir: Path, attempts
     ``metadata["diverged"]`` and the reason in ``error``. A fault while rebuilding makes every attempt a
     ``SANDBOX_ERROR`` trajectory (an infrastructure fault, excluded from the rates).
     """
-    from reterm.agent.episode import EpisodeSpec, run_episodes
-    from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
-    from reterm.recovery.materialize import materialize
     from reterm.sandbox.local import LocalEnvironment
-    from reterm.trajectory import Outcome, Trajectory
 
     def lost(outcome: Outcome, error: str, **metadata: Any) -> Trajectory:
         return Trajectory(task_id=state.task_id, instruction="", system_prompt="", outcome=outcome, error=error,
@@ -237,10 +236,6 @@ def recover_from_states(policy: Any, states: list[Any], tasks_path: str | Path, 
     """
     from tqdm import tqdm
 
-    from reterm.recovery.metrics import attempt_recovery
-    from reterm.recovery.taxonomy import parse_category
-    from reterm.trajectory import Trajectory
-
     def report_category(category: str) -> str:
         return parse_category(category).value
 
@@ -282,7 +277,6 @@ def add_recovery_from_states(cfg: Any, models: list[dict[str, Any]]) -> None:
 
     Raises ``ValueError`` naming the field for a model that is not this kit's agent or not in the config.
     """
-    from reterm.policies import load_policy
 
     spec: RecoveryFromStatesSpec = cfg.recovery_from_states
     by_name = {m.name: m for m in cfg.models}  # the models of this run (``--models`` may select some)

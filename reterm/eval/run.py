@@ -56,6 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from reterm.agent.environments import environment_kind, harbor_environment_config, quiet_offline_litellm
 from reterm.eval import metrics
 from reterm.eval.recovery import RecoveryFromStatesSpec
+from reterm.eval.report import markdown, write_report
+from reterm.policies import check_policy_spec
 
 RETERM_AGENT = "reterm.agent.harbor:ReTermAgent"
 
@@ -175,7 +177,6 @@ class ModelSpec(_Strict):
         if self.agent != "reterm" and self.policy:
             raise ValueError(f"model {self.name!r}: policy is only for agent 'reterm' (got agent {self.agent!r})")
         if self.policy:  # a typo fails here, not as one infrastructure fault per trial
-            from reterm.policies import check_policy_spec
 
             check_policy_spec(self.policy)
         return self
@@ -447,8 +448,6 @@ def build_results(cfg: EvalConfig, tasks: list[str]) -> dict[str, Any]:
 
 
 def _summary_table(results: dict[str, Any]) -> str:
-    from reterm.eval.report import markdown
-
     return markdown(results)
 
 
@@ -494,7 +493,6 @@ def main(argv: list[str] | None = None) -> int:
     except (EvalConfigError, DatasetUnavailableError, FileNotFoundError, ValueError) as exc:
         print(f"reterm eval: {exc}", file=sys.stderr)
         return 2
-    from reterm.eval.report import write_report
 
     paths = write_report(results, cfg.output_dir)
     print(_summary_table(results))

@@ -10,9 +10,11 @@ Each state is a short command prefix that makes the natural mistake its task was
 (:func:`reterm.agent.episode.run_episode` with a :class:`~reterm.policies.scripted.ScriptedPolicy`) in a
 fresh local sandbox, so the observations are the harness's own; the task's verifier must still fail
 there, and :func:`reterm.recovery.localise.localise` (rules) must find the failure state at the last
-step: its category is the localiser's, not a hand label. Rows have the ReTerm-10K layout
-(:data:`reterm.records.FEATURES`; ``failure_source = "injected"``, ``injection`` says where the prefix
-comes from), so :func:`reterm.eval.recovery.states_from_records` reads them like pipeline records.
+step: its category is the localiser's, not a hand label. Rows are state-only records written by the one
+record writer (:meth:`reterm.recovery.state.State.to_record`: the ReTerm-10K columns, ``train_from_message_index``
+= the number of messages, ``trajectory_id`` the state's id; ``failure_source = "injected"``, ``injection`` says
+where the prefix comes from), so :func:`reterm.eval.recovery.states_from_records` reads them like pipeline
+records.
 
 Run (about a minute): ``python eval/states/build_states.py [--tasks tasks] [--out eval/states/test_split.jsonl]``.
 Raises ``RuntimeError`` naming the task when a prefix does not end in a failure state.
@@ -22,12 +24,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import sys
 from pathlib import Path
 
+from reterm.agent.episode import run_episode
 from reterm.io import write_text_atomic
+from reterm.policies.scripted import ScriptedPolicy
+from reterm.recovery.localise import localise
+from reterm.recovery.state import State
+from reterm.trajectory import Outcome
 
 # (task, prefix commands, per-command timeout in seconds); the last command is the mistake.
 PREFIXES: list[tuple[str, list[str], float | None]] = [
@@ -53,13 +59,7 @@ INJECTION = "hand-written failure prefix (eval/states/build_states.py)"
 
 
 async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float | None) -> dict:
-    from reterm.agent.episode import run_episode
-    from reterm.agent.protocol import TOOLS
-    from reterm.policies.scripted import ScriptedPolicy
-    from reterm.records import normalise_message
-    from reterm.recovery.localise import localise
     from reterm.sandbox.local import LocalEnvironment
-    from reterm.trajectory import Outcome, Trajectory
 
     task_dir = tasks / task
     env = LocalEnvironment.for_task(task_dir)
@@ -75,20 +75,11 @@ async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float
     if not states:
         raise RuntimeError(f"{task}: no failure state at the last command {commands[-1]!r} "
                            f"(observation: {traj.steps[-1].observation[:300]!r})")
-    state = states[0]
-    prefix = Trajectory(task_id=traj.task_id, instruction=traj.instruction, system_prompt=traj.system_prompt,
-                        steps=state.history)
-    messages = [normalise_message(m) for m in prefix.to_messages()]
-    rid = hashlib.sha256(json.dumps([task, commands], sort_keys=True).encode()).hexdigest()[:16]
-    return {
-        "id": rid, "task_id": task, "task_license": "Apache-2.0", "instruction": traj.instruction,
-        "messages": messages, "tools": json.dumps(TOOLS), "train_from_message_index": len(messages),
-        "failure_step": state.step, "failure_category": state.category, "failure_source": "injected",
-        "injection": INJECTION, "failure_command": state.command or "", "failure_output": state.output,
-        "replay_commands": state.replay_commands, "verifier_reward": float(traj.reward or 0.0), "attempts": 0,
-        "successful_attempts": 0, "recovery_turns": 0, "source_policy": "prefix", "teacher": "",
-        "trajectory_id": rid,
-    }  # fmt: skip
+    fs = states[0]
+    state = State.from_failure_state(fs, traj, "injected")
+    return state.to_record(None, task_license="Apache-2.0", instruction=traj.instruction, failure_step=fs.step,
+                           injection=INJECTION, failure_command=fs.command or "", failure_output=fs.output,
+                           verifier_reward=float(traj.reward or 0.0), source_policy="prefix")  # fmt: skip
 
 
 def build(tasks: Path, out: Path) -> list[dict]:

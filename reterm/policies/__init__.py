@@ -16,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation, Policy
+from reterm.policies.endpoint import EndpointPolicy
 from reterm.policies.sampling import SamplingParams
+from reterm.policies.scripted import OraclePolicy
+from reterm.policies.transformers_policy import TransformersPolicy
+from reterm.tiny_qwen import TINY_QWEN_NAME
 
 __all__ = ["FINISH_CONTEXT_LENGTH", "EndpointError", "Generation", "Policy", "SamplingParams", "load_policy",
            "POLICY_SPECS", "check_policy_spec", "resolve_hf_model", "is_local_path"]  # fmt: skip
@@ -57,7 +61,6 @@ def resolve_hf_model(ref: str) -> str:
             missing folder; an invalid Hub id; a Hub repository that cannot be fetched, with the folder
             of the same name pointed out when one exists).
     """
-    from reterm.tiny_qwen import TINY_QWEN_NAME
 
     ref = ref.strip()
     if not ref:
@@ -141,23 +144,17 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     if spec and is_local_path(spec):
         spec = f"hf:{spec}"
     if spec == "smollm2" or spec.startswith("hf:"):
-        from reterm.policies.transformers_policy import TransformersPolicy
-
         ref = spec[3:].strip() if spec.startswith("hf:") else "smollm2"
         model = resolve_hf_model(ref)
         if model != ref:
             kwargs.setdefault("name", f"hf:{ref}")
         return TransformersPolicy(model, **kwargs)
     if spec.startswith("openai:"):
-        from reterm.policies.endpoint import EndpointPolicy
-
         model = spec[len("openai:") :]
         if not model:
             raise ValueError("policy spec 'openai:' needs the served model name: openai:<model>")
         return EndpointPolicy(model, **kwargs)
     if spec == "oracle":
-        from reterm.policies.scripted import OraclePolicy
-
         tasks = kwargs.pop("tasks", None)
         task = kwargs.pop("task", None)
         if tasks is None and task is None:

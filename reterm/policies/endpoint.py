@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, EndpointError, Generation
 from reterm.policies.sampling import SamplingParams
+from reterm.tool_calls import format_tool_call
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # vLLM's and `reterm serve`'s default
 
@@ -119,7 +120,6 @@ def tool_calls_to_text(
         ``[<think>\\nREASONING\\n</think>\\n\\n]CONTENT[SEP]CALL[\\nCALL...]`` with ``SEP`` as the
         format's chat template writes it (``\\n`` for ChatML/Hermes, ``\\n\\n`` for Qwen3.5).
     """
-    from reterm.agent.protocol import format_tool_call
 
     calls = []
     for call in tool_calls:

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reterm.policies.base import Generation
+from reterm.tool_calls import format_tool_call
 
 CallFormat = Literal["hermes", "qwen"]
 
 
 def bash_call(command: str, timeout: float | None = None, call_format: CallFormat = "hermes") -> str:
     """The tool-call text of a ``bash`` action (``timeout`` in seconds, optional)."""
-    from reterm.agent.protocol import format_tool_call
 
     args: dict[str, Any] = {"command": command}
     if timeout is not None:
@@ -43,7 +43,6 @@ def bash_call(command: str, timeout: float | None = None, call_format: CallForma
 
 def submit_call(call_format: CallFormat = "hermes") -> str:
     """The tool-call text of the ``submit`` action."""
-    from reterm.agent.protocol import format_tool_call
 
     return format_tool_call("submit", {}, call_format)
 

@@ -57,8 +57,11 @@ from pathlib import Path
 from typing import Any
 
 from reterm.generation import MAX_TURN_TOKENS, TEMPERATURE, TOP_P
+from reterm.policies import resolve_hf_model
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
 from reterm.policies.sampling import SamplingParams
+from reterm.policies.transformers_policy import TransformersPolicy
+from reterm.tool_calls import parse_action
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -96,7 +99,6 @@ def tool_call_message(text: str, tools: list[dict[str, Any]] | None) -> tuple[di
     (``arguments`` a JSON string) with ``content`` = the text outside the call or ``None``. Otherwise
     (no tools, no valid call, a tool not offered) ``content`` is ``text`` and ``tool_calls`` is ``None``.
     """
-    from reterm.agent.protocol import parse_action
 
     plain = {"role": "assistant", "content": text, "tool_calls": None}
     if not tools:
@@ -399,9 +401,6 @@ def main(argv: list[str] | None = None) -> int:
     """Load the model and serve it until interrupted. Returns the exit status."""
     args = build_parser().parse_args(argv)
     import uvicorn
-
-    from reterm.policies import resolve_hf_model
-    from reterm.policies.transformers_policy import TransformersPolicy
 
     ref = args.model.strip().removeprefix("hf:")
     try:

@@ -30,6 +30,7 @@ from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
 from reterm.policies.kv_cache import DEFAULT_MAX_BYTES, PrefixKVCache
 from reterm.policies.sampling import SamplingParams
 from reterm.policies.smollm2 import EMBEDDED_NAME, chat_template, resolve_model_name_or_path
+from reterm.precision import auto_cpu_dtype
 
 # model_type -> text-only causal-LM class name in transformers (the released Qwen3.5 checkpoints are
 # vision-language models; ReTerm trains and runs the language model only).
@@ -211,8 +212,6 @@ class TransformersPolicy:
 
         if dtype == "auto":
             if device.type == "cpu":  # bf16 where the CPU has bf16 matrix instructions (reterm.precision)
-                from reterm.precision import auto_cpu_dtype
-
                 return getattr(torch, auto_cpu_dtype())
             if device.type == "cuda" and torch.cuda.is_bf16_supported():
                 return torch.bfloat16

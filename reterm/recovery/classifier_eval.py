@@ -25,6 +25,7 @@ from typing import Iterable
 import yaml
 
 from reterm.recovery.classify import Classification, StepRecord
+from reterm.recovery.judge import Classifier
 from reterm.recovery.taxonomy import LABELS, Category, parse_category
 
 
@@ -166,7 +167,6 @@ def score(gold: Iterable[tuple[str, Category]], predicted: Iterable[Classificati
 def evaluate(records: list[LabelledRecord], classifier=None) -> ClassificationReport:
     """Classify ``records`` (with :class:`~reterm.recovery.judge.Classifier`, rules only by default)
     and score them against their gold labels."""
-    from reterm.recovery.judge import Classifier
 
     classifier = classifier or Classifier()
     predictions = classifier.classify([r.record for r in records])

@@ -38,6 +38,8 @@ from typing import Any
 
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.agent.terminal import TerminalSession
+from reterm.recovery.localise import FailureState
+from reterm.recovery.state import State
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ def can_fork(environment: Any) -> bool:
     return callable(getattr(environment, "fork", None)) and callable(getattr(environment, "snapshot", None))
 
 
-async def type_history(session: TerminalSession, state: Any, default_timeout: float) -> None:
+async def type_history(session: TerminalSession, state: State | FailureState, default_timeout: float) -> None:
     """Type the bash commands of ``state.history`` into ``session`` with their recorded timeouts
     (``state.replay_timeouts``, else each step's ``action.timeout``; ``None``: ``default_timeout``, seconds).
 
@@ -127,7 +129,7 @@ async def user_processes(environment: Any) -> list[str]:
     return out
 
 
-async def _rebuild(make_environment: MakeEnvironment, state: Any, tag: str, default_timeout: float,
+async def _rebuild(make_environment: MakeEnvironment, state: State | FailureState, tag: str, default_timeout: float,
                    stop: Callable[[Any], Awaitable[None]] | None) -> tuple[Any, TerminalSession]:  # fmt: skip
     env = make_environment(tag)
     if asyncio.iscoroutine(env):
@@ -143,7 +145,7 @@ async def _rebuild(make_environment: MakeEnvironment, state: Any, tag: str, defa
 
 
 async def materialize(
-    state: Any,
+    state: State | FailureState,
     n: int,
     make_environment: MakeEnvironment | None,
     *,
@@ -155,9 +157,9 @@ async def materialize(
     """``n`` independent started environments in ``state`` (rules in the module docstring).
 
     Args:
-        state: a failure state with ``history`` (steps with commands and recorded exit statuses) and
-            optionally ``replay_timeouts`` and ``snapshot`` (a :class:`reterm.recovery.state.State` or a
-            :class:`reterm.recovery.localise.FailureState`).
+        state: the failure state: its ``history`` (steps with commands and recorded exit statuses),
+            ``replay_timeouts`` and, for a :class:`reterm.recovery.state.State`, its ``snapshot`` (a localiser's
+            :class:`reterm.recovery.localise.FailureState` is accepted while the data stage still passes one).
         n: how many environments (>= 1).
         make_environment: ``make_environment(tag)`` -> a new, not started environment of the state's task
             (may be ``None`` with a snapshot).

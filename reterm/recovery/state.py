@@ -13,12 +13,17 @@ record's ``messages[:train_from_message_index]`` or from a GRPO pool row's ``pro
 the dataset, the GRPO rollouts and the eval can be joined on it. Task-start states (standard GRPO) use
 ``start:<task_id>``.
 
-**Level**, one field with one meaning: ``attempt`` (the release's protocol: the whole failed attempt,
-then the feedback message; the recovery is a second attempt, ``target_attempt_index = 2``) or
-``in_attempt`` (the recovery continues the same attempt after its failing step).
+**Level** (:class:`Level`), one field with one meaning: ``attempt`` (the release's protocol: the whole failed
+attempt, then the feedback message; the recovery is a second attempt, ``target_attempt_index = 2``) or
+``in_attempt`` (the recovery continues the same attempt after its failing step, ``target_attempt_index = 1``).
 
-**Source**: ``own`` (the policy's own failed attempt), ``injected`` (a scripted first mistake) or
-``online`` (found in the current policy's recovery attempts during GRPO).
+**Source** (:class:`Source`): ``own`` (the policy's own failed attempt), ``injected`` (a scripted first mistake)
+or ``online`` (found in the current policy's recovery attempts during GRPO).
+
+**Records**: :meth:`State.to_record` is the one writer of a dataset record (``State`` -> columns; the data
+stage, the drills data, the evaluation's state set) and :meth:`State.from_record` the one reader (columns ->
+``State``; the history is ``messages[:train_from_message_index]`` whatever the level, so a record read back
+gives the state it was written from, with the same id). The column ``trajectory_id`` is the state's id.
 
 Written for this kit.
 """
@@ -29,17 +34,62 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
+from reterm.agent.atif import from_messages
+from reterm.agent.protocol import PROMPT_VERSION, TOOLS
+from reterm.records import COLUMNS, RELEASE_COLUMNS, chat_messages, normalise_message, record_id, release_columns
+from reterm.records import trajectory_sha256 as _sha256
 from reterm.trajectory import Step, Trajectory
 
-Level = Literal["attempt", "in_attempt"]
-Source = Literal["own", "injected", "online"]
-LEVELS: tuple[str, ...] = ("attempt", "in_attempt")
-SOURCES: tuple[str, ...] = ("own", "injected", "online")
 
-#: FailureState.level (reterm.recovery.localise) -> Level
+class Level(StrEnum):
+    """Where the recovery starts: after a whole failed attempt, or inside it (a string: compares and prints as its value)."""
+
+    ATTEMPT = "attempt"
+    IN_ATTEMPT = "in_attempt"
+
+    @property
+    def target_attempt_index(self) -> int:
+        """The record column: 2 for an attempt-level state (the recovery is a second attempt), else 1."""
+        return 2 if self is Level.ATTEMPT else 1
+
+    @classmethod
+    def parse(cls, value: Any) -> "Level":
+        """A :class:`Level` from its value, or from the localiser's words for it
+        (:attr:`reterm.recovery.localise.FailureState.level`: ``attempt_end``, ``first_failing_step``).
+
+        Raises:
+            ValueError: any other value (the known ones are named).
+        """
+        if isinstance(value, cls):
+            return value
+        value = _LOCALISE_LEVEL.get(value, value)
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"level {value!r} is not one of {LEVELS}") from None
+
+
+class Source(StrEnum):
+    """Where a failure state comes from (a string: compares and prints as its value)."""
+
+    OWN = "own"
+    INJECTED = "injected"
+    ONLINE = "online"
+    TASK_START = "task_start"  # no failure: the task's start (a reference solution record, a standard-GRPO group)
+
+
+LEVELS: tuple[str, ...] = tuple(m.value for m in Level)
+SOURCES: tuple[str, ...] = tuple(m.value for m in Source)
+
+#: FailureState.level (reterm.recovery.localise) -> Level value
 _LOCALISE_LEVEL = {"attempt_end": "attempt", "first_failing_step": "in_attempt"}
+
+#: columns :meth:`State.to_record` derives from the state (a caller cannot set them)
+STATE_COLUMNS = ("task_id", "messages", "train_from_message_index", "target_attempt_index", "failure_category",
+                 "failure_source", "replay_commands", "trajectory_id")
 
 
 def _text(content: Any) -> str:
@@ -120,8 +170,8 @@ class State:
         task_id: the task's name.
         messages: the history as chat messages (training format), ending where the recovery starts.
         category: a :class:`reterm.recovery.taxonomy.Category` id.
-        source: ``own`` | ``injected`` | ``online``.
-        level: ``attempt`` | ``in_attempt``.
+        source: a :class:`Source` (a string value is converted).
+        level: a :class:`Level` (a string value is converted).
         replay_commands: the history's bash commands in order (rebuild by replay); ``replay_timeouts``
             their ``timeout`` arguments (``None``: the harness default).
         history: the history's steps (``from_history``), what :class:`reterm.agent.episode.EpisodeSpec` takes.
@@ -133,8 +183,8 @@ class State:
     task_id: str
     messages: list[dict[str, Any]]
     category: str
-    source: str
-    level: str
+    source: Source
+    level: Level
     history: list[Step] = field(default_factory=list)
     replay_commands: list[str] = field(default_factory=list)
     replay_timeouts: list[float | None] = field(default_factory=list)
@@ -143,44 +193,59 @@ class State:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"failure state {self.id}: source {self.source!r} is not one of {SOURCES}")
+        self.source = Source(self.source)
         if self.level not in LEVELS:
             raise ValueError(f"failure state {self.id}: level {self.level!r} is not one of {LEVELS}")
+        self.level = Level(self.level)
 
     # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_history(cls, trajectory: Trajectory, history: Sequence[Step], *, category: str, source: str,
+                     level: str, snapshot: Any = None) -> "State":  # fmt: skip
+        """The state whose history is ``history`` shown after ``trajectory``'s system prompt and instruction
+        (its replay commands and their timeouts: the history's bash calls)."""
+        messages = history_messages(trajectory, history)
+        steps = [s.model_copy(deep=True) for s in history]
+        bash = [s for s in steps if s.action is not None and s.action.tool == "bash"]
+        return cls(id=state_id(trajectory.task_id, messages), task_id=trajectory.task_id, messages=messages,
+                   category=category, source=source, level=Level.parse(level), history=steps,
+                   replay_commands=[s.action.command or "" for s in bash], replay_timeouts=[s.action.timeout for s in bash],
+                   snapshot=snapshot)  # fmt: skip
+
     @classmethod
     def from_failure_state(cls, fs: Any, trajectory: Trajectory, source: str, snapshot: Any = None) -> "State":
         """From a localised :class:`reterm.recovery.localise.FailureState` of ``trajectory``."""
         messages = history_messages(trajectory, fs.history)
         return cls(id=state_id(trajectory.task_id, messages), task_id=trajectory.task_id, messages=messages,
-                   category=fs.category, source=source, level=_LOCALISE_LEVEL[fs.level],
+                   category=fs.category, source=source, level=Level.parse(fs.level),
                    history=[s.model_copy(deep=True) for s in fs.history],
                    replay_commands=list(fs.replay_commands), replay_timeouts=list(fs.replay_timeouts),
                    snapshot=snapshot)  # fmt: skip
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "State":
-        """From a dataset record (:data:`reterm.records.FEATURES`).
+        """The one reader of a dataset record (:data:`reterm.records.COLUMNS`): the failure state a recovery
+        record starts from, or a state-only record (the evaluation's state set) describes.
 
-        ``level`` is ``attempt`` for ``target_attempt_index = 2`` (history: ``messages[:train_from_message_index]``,
-        the failed attempt and the feedback) and ``in_attempt`` for 1 (history: the steps up to and including
-        ``failure_step``); ``source`` is ``failure_source`` (``own`` when absent). Raises ``ValueError`` naming the record id for a field that is missing or wrong.
+        The history is ``messages[:train_from_message_index]`` whatever the level (the failed attempt and the
+        feedback for ``target_attempt_index = 2``; the attempt's steps up to where the recovery starts for 1);
+        ``level`` comes from ``target_attempt_index`` (2 when absent), ``source`` from ``failure_source``
+        (``own`` when absent), ``category`` from ``failure_category``, ``replay_commands`` from the history's
+        bash commands. So ``State.from_record(state.to_record(...))`` has ``state``'s id.
+
+        Raises:
+            ValueError: naming the record id for a field that is missing or wrong.
         """
-        from reterm.agent.atif import from_messages
-        from reterm.records import chat_messages
-
         rid = record.get("id", "?")
         try:
             k = int(record["train_from_message_index"])
-            level = "attempt" if int(record.get("target_attempt_index", 2)) >= 2 else "in_attempt"
+            level = Level.ATTEMPT if int(record.get("target_attempt_index", 2)) >= 2 else Level.IN_ATTEMPT
             messages = chat_messages(record["messages"])
-            if level == "attempt":  # the failed attempt and the feedback: everything before the trained part
-                messages = messages[:k]
-                steps = from_messages(messages, task_id=record["task_id"]).steps
-            else:  # in-attempt: the attempt's steps up to and including the failing one
-                whole = from_messages(messages, task_id=record["task_id"])
-                steps = whole.steps[: int(record["failure_step"]) + 1]
-                messages = whole.model_copy(update={"steps": steps}).to_messages()
-            steps = [s.model_copy(update={"from_history": True}) for s in steps]
+            if not 0 < k <= len(messages):
+                raise ValueError(f"train_from_message_index={k} outside the {len(messages)} messages")
+            messages = messages[:k]
+            steps = [s.model_copy(update={"from_history": True})
+                     for s in from_messages(messages, task_id=record["task_id"]).steps]  # fmt: skip
             replay = [s.command for s in steps if s.command]
             return cls(id=state_id(record["task_id"], messages), task_id=record["task_id"], messages=messages,
                        category=record.get("failure_category") or "other",
@@ -189,23 +254,80 @@ class State:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"record {rid}: not a usable failure state ({exc})") from exc
 
+    # ------------------------------------------------------------------ the record writer
+    def to_record(self, conversation: Trajectory | None = None, **columns: Any) -> dict[str, Any]:
+        """The one writer of a dataset record: the row (:data:`reterm.records.COLUMNS`, the release's six first)
+        of a recovery from this state, or of the state alone.
+
+        Args:
+            conversation: the recovery attempt, its history being this state's (its messages begin with
+                :attr:`messages`); ``None`` for a state-only record (the evaluation's state set:
+                ``train_from_message_index`` = the number of messages, nothing to train on).
+            **columns: the kit's other columns (``task_license``, ``failure_step``, ``injection``,
+                ``failure_command``, ``failure_output``, ``verifier_reward``, ``attempts``,
+                ``successful_attempts``, ``recovery_turns``, ``source_policy``, ``teacher``, ``family``,
+                ``instruction``, ``tools``, ``prompt_version``). Defaults: from ``conversation`` (reward,
+                recovery turns, policy as teacher, instruction), the kit's tools and prompt version, else empty.
+
+        The state gives ``task_id``, ``train_from_message_index`` (the length of its history),
+        ``target_attempt_index`` (:attr:`Level.target_attempt_index`), ``failure_category``, ``failure_source``,
+        ``replay_commands`` and ``trajectory_id`` (its id: every record of one state shares it).
+
+        Raises:
+            ValueError: the conversation does not begin with the state's history, a column the state gives
+                or an unknown one is passed, or the release columns are invalid (named).
+        """
+        fixed = sorted(set(columns) & set(STATE_COLUMNS + RELEASE_COLUMNS))
+        unknown = sorted(set(columns) - set(COLUMNS))
+        if fixed or unknown:
+            raise ValueError(f"failure state {self.id}: columns {fixed + unknown} cannot be set by the caller "
+                             f"({'given by the state' if fixed else 'not dataset columns'})")
+        k = len(self.messages)
+        target = self.level.target_attempt_index
+        if conversation is not None:
+            messages = conversation.to_messages()
+            if canonical_messages(messages[:k]) != canonical_messages(self.messages):
+                raise ValueError(f"failure state {self.id}: the conversation of task {conversation.task_id} "
+                                 "does not begin with the state's history")
+            row = release_columns(self.task_id, messages, k, target)
+        else:
+            msgs = [normalise_message(m) for m in self.messages]
+            sha = _sha256(msgs)
+            row = {"id": record_id(self.task_id, sha), "task_id": self.task_id, "messages": msgs,
+                   "train_from_message_index": k, "target_attempt_index": target, "trajectory_sha256": sha}
+        user = next((m.get("content") or "" for m in self.messages if m.get("role") == "user"), "")
+        defaults: dict[str, Any] = {
+            "task_license": "", "instruction": conversation.instruction if conversation is not None else user,
+            "tools": json.dumps(TOOLS, ensure_ascii=False), "failure_step": -1, "injection": "",
+            "failure_command": "", "failure_output": "",
+            "verifier_reward": float(conversation.reward or 0.0) if conversation is not None else 0.0,
+            "attempts": 0, "successful_attempts": 0,
+            "recovery_turns": len(conversation.steps) - conversation.prefix_len if conversation is not None else 0,
+            "source_policy": "", "teacher": conversation.policy if conversation is not None else "",
+            "prompt_version": PROMPT_VERSION, "family": "",
+        }  # fmt: skip
+        given = {"failure_category": self.category, "failure_source": self.source.value,
+                 "replay_commands": list(self.replay_commands), "trajectory_id": self.id}
+        merged = {**defaults, **columns, **given}
+        return {c: row[c] if c in row else merged[c] for c in COLUMNS}
+
     # ------------------------------------------------------------------ conversions
     def record_columns(self) -> dict[str, Any]:
         """The kit's metadata columns of a dataset record recovered from this state (docs/PROTOCOL.md):
         ``trajectory_id`` (= the state id), ``failure_category``, ``failure_source``, ``replay_commands``."""
-        return {"trajectory_id": self.id, "failure_category": self.category, "failure_source": self.source,
+        return {"trajectory_id": self.id, "failure_category": self.category, "failure_source": self.source.value,
                 "replay_commands": list(self.replay_commands)}
 
     def pool_row(self) -> dict[str, Any]:
         """The routing columns of a GRPO pool row (:meth:`reterm.training.failure_pool.PoolState.row`) except
         ``prompt``: ``task_id``, ``state_id``, ``failure_category``, ``state_source``."""
         return {"task_id": self.task_id, "state_id": self.id, "failure_category": self.category,
-                "state_source": self.source}
+                "state_source": self.source.value}
 
     def eval_item(self, attempt: Trajectory) -> dict[str, Any]:
         """The eval's per-item result of one recovery attempt from this state: ``state_id``, ``task_id``,
         ``category``, ``source``, ``level``, ``outcome``, ``passed`` (``None`` for an infrastructure fault)."""
         scored = not attempt.outcome.is_infra_fault and attempt.reward is not None
-        return {"state_id": self.id, "task_id": self.task_id, "category": self.category, "source": self.source,
-                "level": self.level, "outcome": attempt.outcome.value,
+        return {"state_id": self.id, "task_id": self.task_id, "category": self.category, "source": self.source.value,
+                "level": self.level.value, "outcome": attempt.outcome.value,
                 "passed": bool(attempt.passed) if scored else None}

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reterm.sandbox import rootless
 from reterm.sandbox.paths import file_lock, rmtree_writable, sub
 
 logger = logging.getLogger(__name__)
@@ -160,8 +161,6 @@ def ensure_base(packages: tuple[str, ...] | None = None, *, log=None) -> BaseIma
         tmp = sub("base") / f".tmp-{key}-{os.getpid()}"
         rootless_build = os.geteuid() != 0
         if rootless_build:
-            from reterm.sandbox import rootless
-
             if problems := rootless.rootless_problems():
                 raise RuntimeError("building the sandbox base without root needs unprivileged user namespaces; "
                                    f"on this host: {'; '.join(problems)}. Run `sudo reterm sandbox prepare` instead "
@@ -216,8 +215,6 @@ def _finish_rootfs(rootfs: Path, rootless_build: bool = False) -> None:
     for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
         deb.unlink()
     if rootless_build:
-        from reterm.sandbox import rootless
-
         for dirpath, _, filenames in os.walk(rootfs):
             for name in filenames:
                 p = os.path.join(dirpath, name)

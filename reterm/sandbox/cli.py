@@ -16,6 +16,13 @@ import logging
 import sys
 from pathlib import Path
 
+from reterm.sandbox.base_image import ensure_base
+from reterm.sandbox.paths import cache_root
+from reterm.sandbox.preflight import missing_tools
+from reterm.sandbox.rootless import rootless_problems, sandbox_mode
+from reterm.sandbox.snapshot import list_snapshots
+from reterm.sandbox.sweep import live_sandbox_states, sweep
+
 
 def _log(msg: str) -> None:
     print(f"[sandbox] {msg}", file=sys.stderr, flush=True)
@@ -37,10 +44,6 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[sandbox] %(message)s")
 
     if args.cmd == "prepare":
-        from reterm.sandbox.base_image import ensure_base
-        from reterm.sandbox.preflight import missing_tools
-        from reterm.sandbox.sweep import sweep
-
         if missing := missing_tools():
             _log(f"missing: {', '.join(missing)}")
             return 1
@@ -62,17 +65,10 @@ def main(argv: list[str]) -> int:
             asyncio.run(build_all())
         return 0
     if args.cmd == "sweep":
-        from reterm.sandbox.sweep import sweep
-
         counts = sweep(snapshots=args.snapshots, log=_log)
         print(json.dumps(counts))
         return 0
     if args.cmd == "list":
-        from reterm.sandbox.paths import cache_root, sub
-        from reterm.sandbox.rootless import rootless_problems, sandbox_mode
-        from reterm.sandbox.snapshot import list_snapshots
-        from reterm.sandbox.sweep import live_sandbox_states
-
         mode = sandbox_mode()
         problems = "; ".join(rootless_problems()) if mode == "rootless" else ""
         print(f"cache: {cache_root()}")

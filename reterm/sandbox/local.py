@@ -53,7 +53,8 @@ from reterm.sandbox.base_image import ensure_base
 from reterm.sandbox.box import DEFAULT_PATH, Box, BoxHealth, BoxSpec, ExecTimeoutError, SandboxError, default_pids_max
 from reterm.sandbox.build import TaskLayer, ensure_layer
 from reterm.sandbox.paths import rmtree_writable
-from reterm.sandbox.rootless import sandbox_mode
+from reterm.sandbox.preflight import missing_tools, require_root_or_explain
+from reterm.sandbox.rootless import require_rootless_or_explain, sandbox_mode
 from reterm.sandbox.snapshot import Snapshot
 from reterm.sandbox.sweep import sweep_once
 
@@ -147,8 +148,6 @@ class LocalEnvironment(BaseEnvironment):
     @classmethod
     def preflight(cls, kwargs: dict[str, Any] | None = None) -> None:
         super().preflight(kwargs)
-        from reterm.sandbox.preflight import missing_tools, require_root_or_explain
-        from reterm.sandbox.rootless import require_rootless_or_explain
 
         if missing := missing_tools():
             raise SystemExit(f"the local sandbox needs: {', '.join(missing)} (run scripts/setup.sh)")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from reterm.tasks.loader import LoadedTask, TaskLoadError, check_local_build, find_task_dirs, load_task
 from reterm.tasks.shim import shim_covered, shim_reasons
+from reterm.sandbox.base_image import ensure_base
 
 
 @dataclass
@@ -47,7 +48,6 @@ class TaskCheck:
 
 def _build(loaded: LoadedTask) -> tuple[bool, str | None, float]:
     """Build (or find cached) the task's layer on the local sandbox. Returns (ok, error, build seconds)."""
-    from reterm.sandbox.base_image import ensure_base
     from reterm.sandbox.build import ensure_layer
 
     t0 = time.monotonic()

@@ -24,6 +24,10 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from reterm.drills import DEFAULT_OOD_FAMILIES, generate_drills, summary_table
+from reterm.drills.check import check_drills, checks_json
+from reterm.drills.multistage import add_train_instances
+from reterm.trajectory import write_json_atomic
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -35,8 +39,6 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     print(checks_markdown(checks, problems))
     if args.json:
-        from reterm.trajectory import write_json_atomic
-
         write_json_atomic(args.json, checks_json(checks, problems))
     return 0 if all(c.valid for c in checks) and not problems else 1
 
@@ -44,7 +46,6 @@ def _check(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from reterm.tasks.loader import load_tasks
     from reterm.tasks.verify import verification_json, verification_markdown, verify_tasks
-    from reterm.trajectory import write_json_atomic
 
     loaded, errors = load_tasks(Path(args.path))
     for err in errors:
@@ -81,9 +82,6 @@ def _steps(args: argparse.Namespace) -> int:
 
 
 def _drills(args: argparse.Namespace) -> int:
-    from reterm.drills import DEFAULT_OOD_FAMILIES, generate_drills, summary_table
-    from reterm.trajectory import write_json_atomic
-
     def names(text: str | None) -> list[str] | None:
         return [n.strip() for n in text.split(",") if n.strip()] if text is not None else None
 
@@ -91,7 +89,9 @@ def _drills(args: argparse.Namespace) -> int:
     try:
         instances = generate_drills(args.out, args.seed, args.per_family, families=names(args.families),
                                     ood_families=DEFAULT_OOD_FAMILIES if ood is None else ood,
-                                    test_fraction=args.test_fraction, multistage=args.multistage)  # fmt: skip
+                                    test_fraction=args.test_fraction)  # fmt: skip
+        if args.multistage:
+            instances += add_train_instances(args.out, args.multistage)
     except (ValueError, KeyError) as exc:
         print(f"reterm tasks drills: {exc}", file=sys.stderr)
         return 2
@@ -99,7 +99,6 @@ def _drills(args: argparse.Namespace) -> int:
     print(summary_table(instances))
     if args.no_check:
         return 0
-    from reterm.drills.check import check_drills, checks_json
 
     t0 = time.monotonic()
     results = check_drills([i.path for i in instances], concurrency=args.n_concurrent, progress=not args.quiet)

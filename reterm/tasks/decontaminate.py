@@ -25,6 +25,7 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from reterm.io import write_json_atomic, write_text_atomic
 
 #: Benchmarks known by name: a file of task ids shipped with the kit (id matching only).
 BENCHMARK_ID_LISTS = {"terminal-bench@2.0": Path(__file__).parent / "benchmarks" / "terminal-bench-2.0.txt"}
@@ -206,8 +207,6 @@ def _relative(path: Path, root: Path) -> str:
 def write_outputs(report: DecontaminationReport, split_file: Path, report_file: Path) -> None:
     """Write ``split_file`` (``{"train": kept, "removed": [...]}``: what ``tasks.split_file`` / ``splits.json``
     readers take) and ``report_file`` (JSON) with a Markdown twin next to it (``.md``), atomically."""
-    from reterm.io import write_json_atomic, write_text_atomic
-
     write_json_atomic(split_file, {"train": report.kept, "removed": sorted(r.task for r in report.removed)})
     write_json_atomic(report_file, report.to_json())
     write_text_atomic(report_file.with_suffix(".md"), report.to_markdown())

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from reterm.tasks.cache import build_once, cache_root, content_hash
 from reterm.tasks.errors import TaskLoadError
 from reterm.tasks.tb1 import convert_tb1
+from reterm.sandbox import dockerfile as df
 
 DIALECTS = ("harbor", "termigen", "terminal-bench-1")
 REWARD_FILES = ("reward.txt", "reward.json")
@@ -198,7 +199,6 @@ def check_local_build(task_dir: Path, config: TaskConfig) -> None:
         TaskLoadError: no Dockerfile (and no ``docker_image``), a multi-container compose file, or a
             Dockerfile instruction / base image the local sandbox cannot handle (file and line named).
     """
-    from reterm.sandbox import dockerfile as df
     from reterm.sandbox.build import _check as check_instructions
 
     env_dir = task_dir / "environment"

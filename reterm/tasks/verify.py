@@ -5,7 +5,7 @@ A sound task gives reward 1.0 with its reference solution (Harbor's ``oracle`` a
 ``solution/solve.sh``) and 0.0 when nothing is done (Harbor's ``nop`` agent). Trials run with
 ``reterm.sandbox.local:LocalEnvironment``; tasks whose verifier needs the network get the offline
 verifier shim (:mod:`reterm.tasks.shim`). Trials are classified by the evaluation's rule
-(:func:`reterm.eval.metrics.score_trial`): a trial that ends in an infrastructure fault (sandbox, build,
+(:func:`reterm.agent.trial_outcome.score_trial`): a trial that ends in an infrastructure fault (sandbox, build,
 verifier crash or timeout, a reward that cannot be scored), or whose verifier lacked a package the
 shim could not provide, has its reward reported as missing, never as 0; an agent timeout keeps the
 verifier's reward.
@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from reterm.agent.trial_outcome import score_trial
 from reterm.tasks.loader import LoadedTask
 from reterm.tasks.shim import MISSING_LOG, needs_shim, shim_trial_settings
 
@@ -99,8 +100,6 @@ async def run_trial(loaded: LoadedTask, agent: str, trials_dir: Path, *, environ
                             str(trials_dir / name))  # fmt: skip
     wall = time.monotonic() - t0
     trial_dir = trials_dir / name
-    from reterm.eval.metrics import score_trial
-
     score = score_trial(result, trial_dir)  # the one rule: agent timeouts keep their reward
     if score.outcome.is_infra_fault:
         rewards = result.verifier_result.rewards if result.verifier_result else None

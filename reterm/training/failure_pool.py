@@ -37,7 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.atif import from_messages
-from reterm.recovery.state import state_id
+from reterm.agent.protocol import FEEDBACK_MESSAGE, initial_messages
+from reterm.policies.transformers_policy import template_messages
+from reterm.recovery import localise
+from reterm.recovery.attempts import with_feedback
+from reterm.recovery.state import State, state_id
 from reterm.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,7 +165,6 @@ def _without_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _check_prompt(state: PoolState) -> str | None:
     """Why ``state.prompt`` cannot be a group's prompt (None when it can): the harness must rebuild it
     exactly (``Trajectory.to_messages`` of the parsed history), and it must end with an observation."""
-    from reterm.policies.transformers_policy import template_messages
 
     try:
         rebuilt = state.trajectory.to_messages()
@@ -177,7 +180,6 @@ def _check_prompt(state: PoolState) -> str | None:
 def _attempt_level(state: "PoolState") -> bool:
     """True when ``state`` is an attempt-level failure state: its prompt ends with the feedback message that
     follows a failed attempt (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`)."""
-    from reterm.agent.protocol import FEEDBACK_MESSAGE
 
     return bool(state.prompt) and (state.prompt[-1].get("content") or "") == FEEDBACK_MESSAGE
 
@@ -188,9 +190,10 @@ def seed_states_from_records(
     *,
     exclude: set[str] | None = None,
 ) -> tuple[list[PoolState], Counter]:
-    """Seed failure states from ReTerm-10K records (:data:`reterm.records.FEATURES` rows).
+    """Seed failure states from ReTerm-10K records (:data:`reterm.record_features.FEATURES` rows).
 
-    The state's prompt is ``messages[:train_from_message_index]`` (the failure prefix). Records are skipped, and
+    The state is the one record reader's (:meth:`reterm.recovery.state.State.from_record`): its prompt is
+    ``messages[:train_from_message_index]`` (the failure prefix), its id the record's ``trajectory_id``. Records are skipped, and
     counted by reason, when their task folder is not found (``unknown_task``), their task is excluded
     (``excluded_task``: the test split), or their prefix is not what the harness would show
     (``not_reproducible``, ``layout: ...``, ``no_failing_step``).
@@ -198,7 +201,6 @@ def seed_states_from_records(
     Returns:
         ``(states, skipped)``; duplicate prefixes (same task and prompt) are kept once (``duplicate``).
     """
-    from reterm.records import chat_messages
 
     exclude = excluded_task_ids() if exclude is None else exclude
     states: list[PoolState] = []
@@ -213,14 +215,16 @@ def seed_states_from_records(
         if task_dir is None:
             skipped["unknown_task"] += 1
             continue
-        messages = chat_messages(record["messages"])
-        k = int(record["train_from_message_index"])
-        prompt = messages[:k]
-        sid = state_id(task_id, prompt)
+        try:  # the one record reader: history = messages[:train_from_message_index]
+            read = State.from_record(record)
+        except ValueError as exc:
+            skipped[f"layout: {exc.__cause__ or exc}"] += 1
+            continue
+        sid = read.id
         if sid in seen:
             skipped["duplicate"] += 1
             continue
-        state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=prompt,
+        state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=read.messages,
                           category=record.get("failure_category") or "", source="seed")  # fmt: skip
         why = _check_prompt(state)
         if why is not None:
@@ -238,8 +242,6 @@ def task_start_states(task_ids: Iterable[str], task_dirs: Sequence[str | Path]) 
         ValueError: a task folder is not found, or a task is in the excluded test split (named).
     """
     from harbor.models.task.task import Task
-
-    from reterm.agent.protocol import initial_messages
 
     exclude = excluded_task_ids()
     out = []
@@ -274,7 +276,6 @@ def online_states_from_attempt(
         step: the current optimiser step (recorded on the new state).
         max_states: at most this many states (the primary first, then later consequential ones).
     """
-    from reterm.recovery import localise
 
     if trajectory.outcome.is_infra_fault or trajectory.passed or trajectory.reward is None or max_states < 1:
         return []
@@ -283,8 +284,6 @@ def online_states_from_attempt(
     result = localise(trajectory)
     if _attempt_level(parent):
         # the release's protocol: the whole failed attempt, then the feedback, is the next state (Recovery@k)
-        from reterm.policies.transformers_policy import template_messages
-        from reterm.recovery.attempts import with_feedback
 
         if not trajectory.steps:
             return []
@@ -299,7 +298,6 @@ def online_states_from_attempt(
     out = []
     for fs in chosen[:max_states]:
         prompt = trajectory.to_messages(upto=fs.history_len)
-        from reterm.policies.transformers_policy import template_messages
 
         prompt = template_messages(prompt)
         state = PoolState(state_id=state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,

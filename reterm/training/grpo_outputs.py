@@ -19,7 +19,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from reterm.recovery import localise
+from reterm.stats import signal_attempt_share
 from reterm.training.outputs import save_figure_atomic, write_bytes_atomic, write_csv_atomic
+from reterm.trajectory import Trajectory
 
 BASE_COLUMNS = ("step", "loss", "reward", "reward_std", "grad_norm", "entropy", "learning_rate",
                 "completions/mean_length", "frac_reward_zero_std")  # fmt: skip
@@ -163,8 +166,6 @@ def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
     mode: the categories localised in each scored attempt). Files of one round are read once (the latest
     write of a round wins).
     """
-    from reterm.recovery import localise
-    from reterm.trajectory import Trajectory
 
     totals: Counter = Counter()
     for path in sorted(Path(folder).glob(ROLLOUT_FILES)):
@@ -208,7 +209,6 @@ def signal_share_from_rollouts(folder: str | Path) -> dict[str, Any]:
     """``signal_attempt_share`` of a GRPO run from its ``rollouts/`` (:func:`reterm.stats.signal_attempt_share`):
     ``{"all": {...}, "by_source": {source: {...}}}``, each ``{"value", "ci95", "n", "groups", "signal_groups"}``.
     Dropped groups are left out (they were never trained on); a resumed run's rounds count once."""
-    from reterm.stats import signal_attempt_share
 
     groups: list[list[float | None]] = []
     by_source: dict[str, list[list[float | None]]] = {}

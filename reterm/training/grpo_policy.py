@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reterm.agent.protocol import TOOLS
+from reterm.agent.protocol import TOOLS, step_messages
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
 from reterm.policies.transformers_policy import template_messages
 from reterm.trajectory import Trajectory
@@ -303,7 +303,6 @@ class TokenTrajectoryPolicy:
         mask: list[int] = []
         pending: list[int] = []
         generated = [s for s in traj.steps[traj.prefix_len :] if "completion_token_ids" in s.extra]
-        from reterm.agent.protocol import step_messages
 
         for k, step in enumerate(generated):
             ids = list(step.extra["completion_token_ids"])

@@ -37,10 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reterm.agent.environments import make_environment
 from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
+from reterm.agent.terminal import TerminalSession
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS
 from reterm.policies.base import EndpointError
+from reterm.policies.transformers_policy import template_messages
+from reterm.recovery.materialize import Diverged, materialize, type_history
+from reterm.sandbox.paths import pid_alive, proc_start_time
+from reterm.sandbox.snapshot import list_snapshots
 from reterm.training.failure_pool import PoolState, SnapshotCache
 from reterm.training.grpo_policy import AttemptTokens, TokenTrajectoryPolicy
 from reterm.trajectory import Outcome, Step, Trajectory
@@ -124,8 +130,6 @@ class GroupRollout:
 
 
 def _same_messages(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
-    from reterm.policies.transformers_policy import template_messages
-
     return template_messages(a) == template_messages(b)
 
 
@@ -146,9 +150,6 @@ async def replay_history(env: Any, task_dir: str | Path, steps: Sequence[Step], 
             ``sandbox`` when the environment or terminal failed.
     """
     from types import SimpleNamespace
-
-    from reterm.agent.terminal import TerminalSession
-    from reterm.recovery.materialize import Diverged, type_history
 
     if not any(s.command for s in steps):
         return
@@ -172,16 +173,12 @@ async def replay_history(env: Any, task_dir: str | Path, steps: Sequence[Step], 
 def _owner() -> dict[str, Any]:
     import os
 
-    from reterm.sandbox.paths import proc_start_time
-
     return {"grpo_owner_pid": os.getpid(), "grpo_owner_start": proc_start_time(os.getpid())}
 
 
 def release_orphaned_snapshots() -> int:
     """Release the failure-state snapshots of GRPO runs whose process is gone (killed before it could
     release its cache); the sandbox deletes them once no fork uses them. Returns how many."""
-    from reterm.sandbox.paths import pid_alive
-    from reterm.sandbox.snapshot import list_snapshots
 
     n = 0
     for snap in list_snapshots():
@@ -228,8 +225,6 @@ class RolloutEngine:
 
         from harbor.models.task.task import Task
 
-        from reterm.agent.environments import make_environment
-
         trial = trial_dir or Path(tempfile.mkdtemp(prefix="reterm-grpo-trial-"))
         env = make_environment(self.settings.environment, Task(task_dir), trial)
         self._trial_dirs[id(env)] = trial
@@ -250,7 +245,6 @@ class RolloutEngine:
 
     async def _rebuild(self, state: PoolState):
         """The state's snapshot, from the cache or built now (local sandbox)."""
-        from reterm.agent.terminal import TerminalSession
         from reterm.sandbox.local import LocalEnvironment
 
         snap = self.cache.get(state.state_id)
@@ -326,8 +320,6 @@ class RolloutEngine:
         # replay path (materialize, method replay): n fresh environments, each replayed; any divergence drops
         # the group (its advantages need all n attempts)
         from types import SimpleNamespace
-
-        from reterm.recovery.materialize import materialize
 
         try:
             made = await materialize(SimpleNamespace(id=state.state_id, history=state.history), n,

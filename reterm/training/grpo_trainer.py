@@ -55,11 +55,15 @@ from typing import Any
 
 from trl import GRPOTrainer
 
+from reterm.policies.kv_cache import PrefixKVCache
+from reterm.recovery import localise
 from reterm.training.failure_pool import FailurePool, PoolState, SnapshotCache, online_states_from_attempt
 from reterm.training.grpo_config import ReTermGRPOConfig
 from reterm.training.grpo_outputs import rollout_file_name, rollout_rows, write_rollout_file
 from reterm.training.grpo_policy import GenerateFn, GenerationRequest, TokenTrajectoryPolicy
 from reterm.training.grpo_rollout import GroupRollout, RolloutEngine, RolloutSettings
+from reterm.training.lean import lean_fused_lm_head
+from reterm.training.likelihood import training_chat_template
 from reterm.trajectory import write_json_atomic
 
 POOL_STATE_FILE = "failure_pool.json"
@@ -128,7 +132,6 @@ class ReTermGRPOTrainer(GRPOTrainer):
         if not isinstance(args, ReTermGRPOConfig):
             raise TypeError(f"args must be a ReTermGRPOConfig, got {type(args).__name__}")
         self.pool = pool
-        from reterm.training.lean import lean_fused_lm_head
 
         lean_fused_lm_head()  # CPUs: log-probabilities of the completion tokens only, in small tiles
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_MASKED_FILTER)
@@ -139,7 +142,6 @@ class ReTermGRPOTrainer(GRPOTrainer):
                 processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
                 peft_config=peft_config, rollout_func=self._rollout_func,
             )  # fmt: skip
-        from reterm.training.likelihood import training_chat_template
 
         self.rollout_chat_template = training_chat_template(self._tokenizer)
         positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 32768
@@ -149,7 +151,6 @@ class ReTermGRPOTrainer(GRPOTrainer):
             max_completion_tokens=args.max_completion_length, max_context=int(positions),
             eos_token_ids=self.eos_token_ids, name=f"grpo:{Path(str(args.output_dir)).name}",
         )  # fmt: skip
-        from reterm.policies.kv_cache import PrefixKVCache
 
         self.kv_cache = PrefixKVCache(enabled=self._kv_reuse_possible(args))
         self.snapshots = SnapshotCache(args.snapshot_cache_size)
@@ -386,8 +387,6 @@ class ReTermGRPOTrainer(GRPOTrainer):
             self.snapshots.discard(evicted)
 
     def _summary(self, results: list[GroupRollout], rollout_s: float, resampled: int) -> dict[str, Any]:
-        from reterm.recovery import localise
-
         s: dict[str, Any] = defaultdict(float)
         s["categories"] = []
         s["rollout_s"] = rollout_s

@@ -25,7 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reterm.training.merge import base_model_of
 from reterm.training.models import causal_lm_class, resolve_model_name_or_path
+from reterm.trajectory import write_json_atomic
 
 
 def training_chat_template(tokenizer) -> str | None:
@@ -94,8 +96,6 @@ def load_for_scoring(name_or_path: str):
     path = Path(resolve_model_name_or_path(name_or_path))
     if (path / "adapter_config.json").is_file():
         from peft import PeftModel
-
-        from reterm.training.merge import base_model_of
 
         base = resolve_model_name_or_path(base_model_of(path))
         model = causal_lm_class(base).from_pretrained(base, dtype=torch.float32)
@@ -211,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(markdown_table(report))
     if args.out:
-        from reterm.trajectory import write_json_atomic
-
         write_json_atomic(args.out, report)
     if len(args.model) > 1:
         first, last = (report["mean_nll"][m] for m in (args.model[0], args.model[-1]))

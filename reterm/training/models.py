@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from reterm.policies.smollm2 import resolve_model_name_or_path as resolve_smollm2
 from reterm.tiny_qwen import TINY_QWEN_NAME, build_tiny_qwen3_5
 
 # model_type of a checkpoint -> the text-only class to train (multimodal checkpoints loaded as causal LMs)
@@ -49,7 +50,6 @@ def resolve_model_name_or_path(name_or_path: str | os.PathLike[str]) -> str:
     ``tiny-qwen3.5`` -> :func:`reterm.tiny_qwen.build_tiny_qwen3_5` (built on first use, ~10 s). A local
     folder with the same name in the working directory wins.
     """
-    from reterm.policies.smollm2 import resolve_model_name_or_path as resolve_smollm2
 
     name = os.fspath(name_or_path)
     if name == TINY_QWEN_NAME and not Path(name).exists():

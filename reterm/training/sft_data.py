@@ -1,6 +1,6 @@
 """ReTerm-10K records -> TRL conversational prompt/completion rows for SFT.
 
-A record (:data:`reterm.records.FEATURES`) is a whole conversation: the failure prefix (system prompt,
+A record (:data:`reterm.record_features.FEATURES`) is a whole conversation: the failure prefix (system prompt,
 task, the agent's own steps up to and including the failing step's observation) followed by a verified
 recovery. SFT (paper: the cold start before ReTerm-GRPO) learns the recovery *given* the failure state,
 so each record becomes::
@@ -82,7 +82,7 @@ def record_to_prompt_completion(record: dict[str, Any]) -> dict[str, Any]:
     """Split one record at its failure state into a conversational prompt/completion row.
 
     Args:
-        record: a row with ``messages`` (:data:`reterm.records.MESSAGE` layout), ``train_from_message_index`` and
+        record: a row with ``messages`` (:data:`reterm.record_features.MESSAGE` layout), ``train_from_message_index`` and
             ``tools`` (JSON string); ``id``/``task_id`` are copied when present.
 
     Returns:
