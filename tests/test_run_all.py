@@ -154,9 +154,10 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     # default: the embedded default's sizes on the drills; ci: the reduced chain
     r = _run_all("--dry-run", "--run-dir", str(tmp_path / "d"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
-    assert "tasks drills" in cmds["drills"] and "--per-family 32" in cmds["drills"]
+    assert "tasks drills" in cmds["drills"] and "--per-family 32 --multistage 48" in cmds["drills"]
     assert "pipeline.drills" in cmds["data"] and f"--tasks {tmp_path}/d/drills" in cmds["data"]
-    assert "--max_steps 120" in cmds["sft"]
+    assert "--injected-per-family" in cmds["data"]
+    assert "--max_steps" not in cmds["sft"]  # the recipe's epochs
     assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
     assert "--max_steps 15" in cmds["grpo"] and "--max_steps 15" in cmds["grpo-standard"]
     assert "eval.mechanism" in cmds["mechanism"] and f"--model hf:{tmp_path}/d/sft/merged" in cmds["mechanism"]

@@ -10,8 +10,8 @@ done, the group faces one hurdle and its rewards differ more often. These tasks 
 A multi-stage drill is an ordinary drill (:class:`reterm.drills.model.Drill`, written by
 :func:`reterm.drills.generate.task_files`): the stages' files, build commands, checks and hidden test files
 are merged (their names come from independent random draws; two different files at one path are refused), the solution is
-the stages' solutions in order, the first mistake is the first stage's, and the category is the first
-stage's. Its family is ``multi:<a>+<b>``. Instances are determined by ``(seed, index)`` like single drills.
+the stages' solutions in order, the first mistake is the first stage's, the recovery after it the first stage's
+recovery and then the other stages' solutions, and the category is the first stage's. Its family is ``multi:<a>+<b>``. Instances are determined by ``(seed, index)`` like single drills.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def compose(stages: list[Drill]) -> Drill:
         files=files, checks=[c for d in stages for c in d.checks], solution=[c for d in stages for c in d.solution],
         first_mistake=first.first_mistake, mistake_signal=first.mistake_signal, topic=first.topic,
         tags=sorted({t for d in stages for t in d.tags} | {"multi-stage"}), run=[c for d in stages for c in d.run],
-        test_files=test_files, recovery=None, stages=len(stages),
+        test_files=test_files, recovery=[*first.recovery_commands, *(c for d in stages[1:] for c in d.solution)],
+        stages=len(stages),
         parts=[{"family": d.family, "solution": list(d.solution), "first_mistake": d.first_mistake,
                 "recovery": d.recovery_commands} for d in stages],
     )  # fmt: skip
