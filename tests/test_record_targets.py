@@ -13,19 +13,24 @@ import json
 
 import pytest
 
-from reterm.records import mistake_message_indices, trains_on_mistake
+from reterm.records import NO_FAILURE_STEP, mistake_message_indices, trains_on_mistake
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     from reterm.data.drills import build
     from reterm.drills import generate_drills
+    from reterm.drills.multistage import add_train_instances
     from reterm.training.sft_data import load_records
 
     root = tmp_path_factory.mktemp("targets")
     generate_drills(root / "drills", 0, 2, families=["mkdir-parent", "exec-bit"], ood_families=[])
+    add_train_instances(root / "drills", 3)  # one two-stage drill of each scripted kind (MULTISTAGE_KINDS)
     build(root / "drills", root / "data", policies=[], max_turns=2, batch=4, held_out=0.0)
-    return load_records(str(root / "data"), "train")
+    from datasets import concatenate_datasets
+
+    # every record: with held_out 0 the build still moves one record to `test`
+    return concatenate_datasets([load_records(str(root / "data"), split) for split in ("train", "test")])
 
 
 def test_mistake_turns_are_marked_and_never_trained(records):
@@ -33,6 +38,9 @@ def test_mistake_turns_are_marked_and_never_trained(records):
     assert kinds == {1, 2}
     for r in records:
         mistakes = mistake_message_indices(r)
+        if r["failure_step"] == NO_FAILURE_STEP:  # a whole reference solution: nothing to mask
+            assert mistakes == [] and r["failure_category"] == "none"
+            continue
         assert mistakes and all(r["messages"][i]["role"] == "assistant" for i in mistakes)
         if r["target_attempt_index"] == 1:  # the marked mistake is the drill's first mistake, typed at step 0
             call = json.loads(r["messages"][mistakes[0]]["tool_calls"][0]["function"]["arguments"])
@@ -42,7 +50,7 @@ def test_mistake_turns_are_marked_and_never_trained(records):
 
 def test_a_record_training_from_its_mistake_is_detected(records):
     """The check itself can fail: the former layout (step-level records trained from the mistake) is caught."""
-    r = next(r for r in records if r["target_attempt_index"] == 1)
+    r = next(r for r in records if r["target_attempt_index"] == 1 and r["failure_step"] == 0)
     assert trains_on_mistake({**r, "train_from_message_index": 2})
 
 
@@ -68,7 +76,8 @@ def test_the_card_recipe_masks_every_mistake_turn(model, records, tmp_path):
     for rec, row, ex in zip(records, sft, trainer.train_dataset):
         assert rec["id"] == row["id"]
         messages = row["prompt"] + row["completion"]
-        end = max(mistake_message_indices(rec)) + 1
+        # the context: up to the last mistake turn, or the whole prompt of a record without a mistake
+        end = max(mistake_message_indices(rec), default=rec["train_from_message_index"] - 1) + 1
         while end < len(messages) and messages[end]["role"] != "assistant":
             end += 1  # the mistake's observation (and the feedback message) is context too
         context = tokenizer.apply_chat_template(messages[:end], tools=json.loads(row["tools"]), tokenize=True,
@@ -79,3 +88,26 @@ def test_the_card_recipe_masks_every_mistake_turn(model, records, tmp_path):
         assert labelled and min(labelled) >= len(context), rec["id"]
         checked += 1
     assert checked == len(records)
+
+
+def test_two_stage_records_of_every_kind(records):
+    """The two-stage train drills give a whole reference solution each (trained from the first assistant turn, no
+    mistake, the task start as its state) and one scripted failed attempt each, recovered after the feedback:
+    part 1 done then submit (premature completion), part 2's mistake, part 1's mistake."""
+    from reterm.data.drills import MULTISTAGE_KINDS
+    from reterm.records import NO_FAILURE_STEP
+
+    multi = [r for r in records if r["task_id"].startswith("multi-")]
+    whole = [r for r in multi if r["failure_step"] == NO_FAILURE_STEP]
+    assert len(whole) == 3
+    for r in whole:
+        roles = [m["role"] for m in r["messages"]]
+        assert r["train_from_message_index"] == roles.index("assistant") == 2 and r["target_attempt_index"] == 1
+        assert r["failure_category"] == "none" and r["failure_source"] == "task_start" and not trains_on_mistake(r)
+    kinds = {r["injection"]: r for r in multi if r["failure_step"] != NO_FAILURE_STEP}
+    assert set(kinds) == set(MULTISTAGE_KINDS)
+    assert kinds["part1_submit"]["failure_category"] == "premature_completion"
+    for r in kinds.values():
+        assert r["target_attempt_index"] == 2 and r["verifier_reward"] == 1.0 and not trains_on_mistake(r)
+        feedback = r["messages"][r["train_from_message_index"] - 1]
+        assert feedback["role"] == "tool" and "did not pass" in feedback["content"]

@@ -167,7 +167,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
     r = _run_all("--dry-run", "--size", "ci", "--run-dir", str(tmp_path / "c"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
-    assert "--per-family 4 --no-check" in cmds["drills"] and "--max_steps 2" in cmds["sft"]
+    assert "--per-family 4 --no-check --multistage 2" in cmds["drills"] and "--max_steps 2" in cmds["sft"]
     assert "--max_steps 1 --num_generations 2" in cmds["grpo"]
     assert "--max-id 2" in cmds["eval"]
     assert not (tmp_path / "d").exists()  # a dry run writes nothing

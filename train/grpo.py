@@ -29,6 +29,7 @@ the same ``output_dir`` resumes from the last checkpoint (the online failure sta
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,12 @@ class GRPOScriptArguments(ScriptArguments):
     standard_tasks: list[str] | None = field(
         default=None,
         metadata={"help": "Standard mode: task ids to train on (default: the tasks of the dataset's usable records)."},
+    )
+    seed_tasks: str | None = field(
+        default=None,
+        metadata={"help": "Only the records of tasks whose id matches this shell pattern seed the pool (e.g. "
+                          "'multi-*': the two-stage train drills); standard mode then starts from those tasks too, "
+                          "so both arms train on the same tasks."},
     )
     merge_adapter: bool = field(
         default=False, metadata={"help": "After a LoRA run, also write a merged full checkpoint to output_dir/merged."}
@@ -126,6 +133,7 @@ def parse_args(argv: list[str]) -> tuple[GRPOScriptArguments, ReTermGRPOConfig, 
     argv = list(argv) + extra
     script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
     script_args.dataset_config = None
+    script_args.seed_tasks = None  # the recipe's task filter names its own dataset's tasks, not the fixture's
     return script_args, training_args, model_args, argv
 
 
@@ -142,6 +150,11 @@ def build_pool(script_args: GRPOScriptArguments, args: ReTermGRPOConfig, tokeniz
     records = load_records(script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config)
     if script_args.max_train_samples is not None:
         records = records.select(range(min(script_args.max_train_samples, len(records))))
+    if script_args.seed_tasks:
+        pattern = script_args.seed_tasks
+        records = records.filter(lambda r: fnmatch.fnmatchcase(r["task_id"] or "", pattern))
+        if not len(records):
+            raise ValueError(f"{script_args.dataset_name}: no record of a task matching seed_tasks={pattern!r}")
     seeds, skipped = seed_states_from_records(records, args.task_dirs)
     print(f"[grpo] {len(seeds)} failure states from {len(records)} records of {script_args.dataset_name}"
           + (f"; skipped {dict(skipped)}" if skipped else ""), file=sys.stderr)  # fmt: skip

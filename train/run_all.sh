@@ -217,7 +217,7 @@ esac
 case "$SIZE" in
   default) ;;
   ci)
-    DRILL_SIZE=(--per-family 4 --no-check)
+    DRILL_SIZE=(--per-family 4 --no-check --multistage 2)   # GRPO trains on the two-stage ones (recipes: seed_tasks)
     DATA_SIZE=(--own-tasks 4 --max-tasks 12)
     SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
               --eval_strategy no --eval_on_start false)

@@ -326,15 +326,16 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     """
     t0 = time.monotonic()
     splits = read_splits(tasks)
-    dirs = [tasks / n for n in splits["train"]][:max_tasks]
+    every = [tasks / n for n in splits["train"]]
+    multi = [d for d in every if stage_parts(d)]
+    single = [d for d in every if d not in set(multi)][:max_tasks]
+    dirs = single + multi
     journal_path = output / ".drills" / "journal.jsonl"
     journal_path.parent.mkdir(parents=True, exist_ok=True)
     done: list[dict[str, Any]] = []
     if journal_path.exists():
         done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
     seen = {(e.get("key", e["source"]), t) for e in done for t in e["tasks"]}
-    multi = [d for d in dirs if stage_parts(d)]
-    single = [d for d in dirs if d not in set(multi)]
     injected = per_family(single, injected_per_family)
     own_teacher = OraclePolicy(dirs, name="oracle-teacher")
     # (journal key, task folders, attempts generated together, chunk -> journal entry); policies load lazily
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--batch", type=int, default=16, help="attempts generated together")
     p.add_argument("--held-out", type=float, default=0.08, help="share of train tasks whose records form `test`")
-    p.add_argument("--max-tasks", type=int, default=None, help="use only the first N train instances")
+    p.add_argument("--max-tasks", type=int, default=None, help="use only the first N single-stage train instances (every two-stage one is used)")
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
     p.add_argument("--injected-per-family", type=int, default=None,
                    help="inject the first mistake on at most N single-stage train instances per family (default all)")
