@@ -33,6 +33,13 @@ Rules (and where they come from)
   ``broken_by_agent`` (the sandbox stopped working after one of its commands, or ``/logs`` was made
   unusable) is a ``FAILURE`` with reward 0 even though Harbor's verifier then failed; the report counts
   these apart (``broken_by_agent``).
+* **A task that needs more network than the trial had is not the agent's failure.** A trial that did not
+  pass, and whose verifier (or, for Harbor's ``oracle`` agent, whose reference solution) failed to reach a
+  host, is a ``NETWORK_ERROR`` naming the hosts (:func:`network_fault`): from the look-ups the local sandbox
+  recorded while offline (``<trial>/reterm-network.jsonl``, :mod:`reterm.sandbox.network`), the packages the
+  offline verifier shim could not install (``verifier/reterm-shim-missing.txt``), and the error messages
+  in the verifier's output and the oracle's log. What the *agent* fails to reach in its own phase stays its
+  failure (the kit's tasks need no network; an agent that tries ``pip install`` offline must recover).
 * **A reward that cannot be scored** (several keys and none named ``reward``, outside [0, 1]; the one
   reader :func:`reterm.rewards.scalar_reward`) is a verifier fault of that trial only
   (``exception_type`` ``RewardError``, the message naming the file and the value); the report goes on.
@@ -40,12 +47,16 @@ Rules (and where they come from)
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from pathlib import Path
 
 from harbor.models.trial.error_policy import ERROR_POLICIES
-from harbor.models.trial.result import ExceptionInfo, TrialResult
+from harbor.models.trial.result import ExceptionInfo, TimingInfo, TrialResult
 
 from reterm.rewards import RewardError, reward_source, scalar_reward
+from reterm.sandbox.network import NETWORK_LOG, unreachable_hosts
+from reterm.sandbox.shim import MISSING_LOG
 from reterm.trajectory import PASS_THRESHOLD, Outcome
 
 # Harbor exception type -> fault outcome. Types not listed here but marked has_valid_reward=False by
@@ -135,6 +146,64 @@ def broken_by_agent(result: TrialResult) -> str | None:
     return str(value) if value else None
 
 
+def _window(timing: TimingInfo | None) -> tuple[float, float] | None:
+    if timing is None or timing.started_at is None:
+        return None
+    end = timing.finished_at or datetime.now(tz=timing.started_at.tzinfo)
+    return timing.started_at.timestamp(), end.timestamp()
+
+
+def _read(path: Path, limit: int = 4 << 20) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return ""
+
+
+def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | None:
+    """Why a trial's verifier or reference solution lacked the network, naming hosts and packages, or ``None``.
+
+    Evidence, per phase that is not the agent's own (the verifier; the ``oracle`` agent's solution):
+    host names the local sandbox recorded as looked up offline during that phase
+    (``trial_dir/reterm-network.jsonl``, :data:`reterm.sandbox.network.NETWORK_LOG`), packages the offline
+    verifier shim could not install (``verifier/reterm-shim-missing.txt``), and hosts named by error messages in
+    ``verifier/test-stdout.txt`` / ``agent/oracle.txt`` (:func:`reterm.sandbox.network.unreachable_hosts`; for a
+    sandbox on the host's network or in rootless mode, where no look-up is recorded). Returns e.g.
+    ``"verifier could not reach: astral.sh, pypi.org"``; phases are joined with ``"; "``.
+    """
+    if trial_dir is None:
+        return None
+    trial_dir = Path(trial_dir)
+    lookups: list[tuple[float, str]] = []
+    for line in _read(trial_dir / NETWORK_LOG).splitlines():
+        try:
+            rec = json.loads(line)
+            lookups.append((float(rec["t"]), str(rec["host"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    phases = [("verifier", _window(result.verifier), trial_dir / "verifier" / "test-stdout.txt")]
+    if result.agent_info.name == "oracle":
+        phases.insert(0, ("solution", _window(result.agent_execution), trial_dir / "agent" / "oracle.txt"))
+    reasons = []
+    for phase, window, output in phases:
+        hosts: dict[str, None] = {}
+        if window is not None:
+            for t, host in lookups:
+                if window[0] <= t <= window[1]:
+                    hosts.setdefault(host, None)
+        for host in unreachable_hosts(_read(output)):
+            hosts.setdefault(host, None)
+        missing = []
+        if phase == "verifier":
+            missing = sorted(set(_read(trial_dir / "verifier" / MISSING_LOG).split()))
+        if hosts:
+            reasons.append(f"{phase} could not reach: {', '.join(hosts)}")
+        if missing:
+            reasons.append(f"{phase} needs what it cannot install offline: {', '.join(missing)}")
+    return "; ".join(reasons) or None
+
+
 def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> tuple[Outcome, float | None]:
     """Classify a Harbor trial result into ``(outcome, reward)`` by the rules of this module's docstring.
 
@@ -142,6 +211,14 @@ def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> 
     whatever the verifier did next. A reward that cannot be scored (:class:`reterm.rewards.RewardError`)
     makes the trial a verifier fault (``VERIFIER_ERROR``, no reward); :func:`reterm.eval.metrics.score_trial` keeps its message.
     """
+    outcome, reward = _classify(result, trial_dir)
+    if outcome in (Outcome.FAILURE, Outcome.VERIFIER_ERROR) and not broken_by_agent(result):
+        if network_fault(result, trial_dir):
+            return Outcome.NETWORK_ERROR, None
+    return outcome, reward
+
+
+def _classify(result: TrialResult, trial_dir: str | Path | None) -> tuple[Outcome, float | None]:
     exceptions = result.recorded_exceptions()
     if broken_by_agent(result):
         return Outcome.FAILURE, 0.0

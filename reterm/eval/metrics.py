@@ -39,7 +39,13 @@ from typing import Any, Iterable
 
 from harbor.models.trial.result import TrialResult
 
-from reterm.agent.trial_outcome import broken_by_agent, classify_trial, reward_of, task_name  # noqa: F401
+from reterm.agent.trial_outcome import (  # noqa: F401
+    broken_by_agent,
+    classify_trial,
+    network_fault,
+    reward_of,
+    task_name,
+)
 from reterm.rewards import RewardError
 from reterm.trajectory import Outcome
 
@@ -88,6 +94,8 @@ def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
         reward_of(result, trial_dir)
     except RewardError as exc:  # the trial's own fault; the rest of the report goes on
         exception_type, exception_message = "RewardError", str(exc)[:500]
+    if outcome is Outcome.NETWORK_ERROR:  # the task needed more network than the trial had: name the hosts
+        exception_type, exception_message = "NetworkUnreachable", (network_fault(result, trial_dir) or "")[:500]
     timing = result.agent_execution
     agent_s = None
     if timing and timing.started_at and timing.finished_at:
