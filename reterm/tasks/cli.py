@@ -1,9 +1,10 @@
 """``reterm tasks``: check and verify task folders.
 
     reterm tasks check PATH [--no-build] [--json FILE]       load, build locally, solution, categories, shim
-    reterm tasks verify PATH [--out DIR] [-n N] [--task NAME ...]
-                                                             oracle and null agents through Harbor on the
-                                                             local sandbox: rewards and wall times
+    reterm tasks verify PATH [--out DIR] [-n N] [--task NAME ...] [--limit N] [--ek KEY=VALUE ...] [--no-build-first]
+                                                             build, then oracle and null agents through Harbor
+                                                             on the local sandbox: build, rewards, wall times,
+                                                             infrastructure faults with their reason, totals
     reterm tasks steps TASK                                  the reference solution as terminal commands
     reterm tasks drills --out DIR --seed S --per-family N [--no-check] [--ood-families a,b]
                                                              generate recovery drills (reterm.drills) and
@@ -52,12 +53,22 @@ def _verify(args: argparse.Namespace) -> int:
         if missing:
             print(f"unknown task(s): {', '.join(sorted(missing))}", file=sys.stderr)
             return 2
+    if args.limit:
+        loaded = sorted(loaded, key=lambda t: t.name)[: args.limit]
     if not loaded:
         print(f"{args.path}: no task to verify", file=sys.stderr)
         return 1
+    ek = {}
+    for item in args.ek or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            print(f"--ek {item!r}: expected KEY=VALUE (e.g. public_network=host)", file=sys.stderr)
+            return 2
+        ek[key] = value
     out = Path(args.out or f"runs/tasks-verify-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.monotonic()
-    results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet))
+    results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet,
+                                       environment_kwargs=ek, build_first=not args.no_build_first))  # fmt: skip
     total = time.monotonic() - t0
     md = verification_markdown(results, total)
     print(md)
@@ -130,6 +141,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", help="output folder (default runs/tasks-verify-<time>)")
     p.add_argument("-n", "--n-concurrent", type=int, default=2, help="trials at a time (default 2)")
     p.add_argument("--task", action="append", help="only this task (repeatable)")
+    p.add_argument("--limit", type=int, help="only the first N tasks by name")
+    p.add_argument("--ek", action="append", metavar="KEY=VALUE", help="a local-sandbox option for every trial, as "
+                   "harbor's --ek (e.g. public_network=host; reterm.sandbox.local.LocalOptions); repeatable")
+    p.add_argument("--no-build-first", action="store_true", help="do not build each task before its trials")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
     p = sub.add_parser("steps", help="print a task's reference solution split into terminal commands")
