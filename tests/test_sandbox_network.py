@@ -169,3 +169,41 @@ def test_dns_query_parse_and_refused_answer():
     qid, flags = struct.unpack("!HH", answer[:4])
     assert qid == 0x1234 and flags & 0x8000 and flags & 0xF == 5 and answer.endswith(question)
     assert parse_query(answer) is None and parse_query(b"\x00" * 5) is None
+
+
+def test_public_network_host_option(tmp_path):
+    """``--ek public_network=host``: a task whose phases are all public (Harbor's default) runs on the host's
+    network (a server on the host's loopback is reachable, the host's resolver is used, nothing is recorded);
+    without the option it is offline; a task that mixes public and no-network phases is refused by Harbor's
+    own check, as the sandbox cannot switch its network after start."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: [server.accept()[0].sendall(b"host-side\n") for _ in range(2)], daemon=True).start()
+    task = make_task(tmp_path / "public", test_sh="", solve_sh="")
+    probe = f"python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', {port}), 2).recv(99).decode())\""
+
+    async def body():
+        on_host = LocalEnvironment.for_task(task, public_network="host")
+        assert on_host.host_network and not on_host.capabilities.dynamic_network_policy
+        async with on_host:
+            r = await on_host.exec(probe + "; grep -c nameserver /etc/resolv.conf; getent hosts nonexistent.invalid")
+            assert r.stdout.startswith("host-side\n") and r.stdout.split("\n")[2] != "0", r
+            assert on_host.unreachable_lookups() == []
+        offline = LocalEnvironment.for_task(task)
+        assert not offline.host_network
+        async with offline:
+            r = await offline.exec(probe + " 2>&1; getent hosts files.example.org")
+            assert "Connection refused" in r.stdout or "Network is unreachable" in r.stdout, r
+            assert {h for _, h in offline.unreachable_lookups()} == {"files.example.org"}
+
+    asyncio.run(body())
+    server.close()
+    mixed = make_task(tmp_path / "mixed", test_sh="echo 0 > /logs/verifier/reward.txt\n", solve_sh="")
+    (mixed / "task.toml").write_text('version = "1.0"\n[agent]\nnetwork_mode = "no-network"\n')
+    refused = trial(mixed, "nop", tmp_path / "trials", public_network="host")
+    assert refused.reward is None and "cannot change network policy after start" in refused.error, refused
