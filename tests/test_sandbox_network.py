@@ -87,6 +87,7 @@ def test_sandbox_resolves_localhost_and_its_hostname_as_docker_does(tmp_path):
     asyncio.run(body())
 
 
+@pytest.mark.slow  # five Harbor trials: 13 s quiet, 24 s under load on 2 cores
 def test_verifier_that_needs_an_unreachable_host_is_an_infra_fault_left_out_of_pass_at_1(tmp_path):
     trials = tmp_path / "job"
     page = make_task(tmp_path / "localhost-page", test_sh=LOCALHOST_TEST,
@@ -114,6 +115,13 @@ def test_verifier_that_needs_an_unreachable_host_is_an_infra_fault_left_out_of_p
     assert pass_at_1(counts).mean == 0.5 and pass_at_1(counts).n_tasks == 1
     report = summarize(job.trials)
     assert report["infra_faults"]["by_outcome"] == {"network_error": 2}
+    # the same verifier in a task that forbids the network: its look-up is the task's business, scored as is
+    # (an agent cannot turn its failure into a fault by making a no-network verifier reach out)
+    forbidden = make_task(tmp_path / "no-net", solve_sh="echo done > /app/out.txt\n",
+                          test_sh=(needs_net / "tests" / "test.sh").read_text(),
+                          toml='[environment]\nnetwork_mode = "no-network"\n')  # fmt: skip
+    out = trial(forbidden, "oracle", tmp_path / "other")
+    assert (out.reward, out.outcome) == (0.0, "failure"), out
 
 
 def test_offline_shim_applies_in_harbor_trials(tmp_path):

@@ -34,12 +34,14 @@ Rules (and where they come from)
   unusable) is a ``FAILURE`` with reward 0 even though Harbor's verifier then failed; the report counts
   these apart (``broken_by_agent``).
 * **A task that needs more network than the trial had is not the agent's failure.** A trial that did not
-  pass, and whose verifier (or, for Harbor's ``oracle`` agent, whose reference solution) failed to reach a
-  host, is a ``NETWORK_ERROR`` naming the hosts (:func:`network_fault`): from the look-ups the local sandbox
-  recorded while offline (``<trial>/reterm-network.jsonl``, :mod:`reterm.sandbox.network`), the packages the
-  offline verifier shim could not install (``verifier/reterm-shim-missing.txt``), and the error messages
-  in the verifier's output and the oracle's log. What the *agent* fails to reach in its own phase stays its
-  failure (the kit's tasks need no network; an agent that tries ``pip install`` offline must recover).
+  pass, whose verifier (or, for Harbor's ``oracle`` agent, whose reference solution) ran in a phase whose
+  policy asked for the public network and failed to reach a host, is a ``NETWORK_ERROR`` naming the hosts
+  (:func:`network_fault`): from the look-ups the local sandbox recorded while offline
+  (``<trial>/reterm-network.jsonl``, :mod:`reterm.sandbox.network`), the packages the offline verifier shim
+  could not install (``verifier/reterm-shim-missing.txt``), and the error messages in the verifier's output
+  and the oracle's log. A ``no-network`` phase never counts, and what the *agent* fails to reach in its own
+  phase stays its failure (the kit's tasks need no network; an agent that tries ``pip install`` offline must
+  recover).
 * **A reward that cannot be scored** (several keys and none named ``reward``, outside [0, 1]; the one
   reader :func:`reterm.rewards.scalar_reward`) is a verifier fault of that trial only
   (``exception_type`` ``RewardError``, the message naming the file and the value); the report goes on.
@@ -162,36 +164,54 @@ def _read(path: Path, limit: int = 4 << 20) -> str:
 
 
 def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | None:
-    """Why a trial's verifier or reference solution lacked the network, naming hosts and packages, or ``None``.
+    """Why a trial's verifier or reference solution lacked the network its task asked for, naming hosts and
+    packages, or ``None``.
 
-    Evidence, per phase that is not the agent's own (the verifier; the ``oracle`` agent's solution):
-    host names the local sandbox recorded as looked up offline during that phase
-    (``trial_dir/reterm-network.jsonl``, :data:`reterm.sandbox.network.NETWORK_LOG`), packages the offline
+    Only phases whose network policy was ``public`` count (the task asked for the internet and the trial could
+    not give it): the verifier, and for Harbor's ``oracle`` agent the reference solution. A ``no-network``
+    phase that looks a host up is the task's or the agent's business, so an agent cannot turn its failure into
+    a fault by making the verifier reach for the network in a task that forbids it. Evidence within a phase:
+    host names the local sandbox recorded as looked up offline (``trial_dir/reterm-network.jsonl``,
+    :data:`reterm.sandbox.network.NETWORK_LOG`, which also records each phase's policy), packages the offline
     verifier shim could not install (``verifier/reterm-shim-missing.txt``), and hosts named by error messages in
     ``verifier/test-stdout.txt`` / ``agent/oracle.txt`` (:func:`reterm.sandbox.network.unreachable_hosts`; for a
-    sandbox on the host's network or in rootless mode, where no look-up is recorded). Returns e.g.
-    ``"verifier could not reach: astral.sh, pypi.org"``; phases are joined with ``"; "``.
+    sandbox on the host's network, in rootless mode, or another environment without that log, where every phase
+    counts as public). Returns e.g. ``"verifier could not reach: astral.sh, pypi.org"``; phases joined by ``"; "``.
     """
     if trial_dir is None:
         return None
     trial_dir = Path(trial_dir)
-    lookups: list[tuple[float, str]] = []
+    lookups: list[tuple[float, str, str]] = []
+    policies: list[tuple[float, str]] = []  # (time, policy) from the start record and each switch
     for line in _read(trial_dir / NETWORK_LOG).splitlines():
         try:
             rec = json.loads(line)
-            lookups.append((float(rec["t"]), str(rec["host"])))
+            t = float(rec["t"])
         except (ValueError, KeyError, TypeError):
             continue
+        if "host" in rec:
+            lookups.append((t, str(rec["host"]), str(rec.get("policy", "public"))))
+        elif "policy" in rec:
+            policies.append((t, str(rec["policy"])))
+
+    def policy_at(t: float) -> str:
+        current = "public"  # no log: another environment, assumed to give what the task asked for
+        for when, policy in sorted(policies):
+            if when <= t:
+                current = policy
+        return current
+
     phases = [("verifier", _window(result.verifier), trial_dir / "verifier" / "test-stdout.txt")]
     if result.agent_info.name == "oracle":
         phases.insert(0, ("solution", _window(result.agent_execution), trial_dir / "agent" / "oracle.txt"))
     reasons = []
     for phase, window, output in phases:
+        if window is None or policy_at(window[0]) != "public":
+            continue
         hosts: dict[str, None] = {}
-        if window is not None:
-            for t, host in lookups:
-                if window[0] <= t <= window[1]:
-                    hosts.setdefault(host, None)
+        for t, host, policy in lookups:
+            if window[0] <= t <= window[1] and policy == "public":
+                hosts.setdefault(host, None)
         for host in unreachable_hosts(_read(output)):
             hosts.setdefault(host, None)
         missing = []

@@ -238,6 +238,14 @@ class LocalEnvironment(BaseEnvironment):
 
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
         self._check_policies([network_policy])  # offline whatever the phase asks; nothing to switch
+        self._net_log({"event": "policy", "policy": network_policy.network_mode.value})
+
+    def _net_log(self, record: dict) -> None:
+        """Append ``record`` (with the time) to ``<trial>/`` :data:`NETWORK_LOG`: the phases' network policies and
+        the host names looked up offline, which :mod:`reterm.agent.trial_outcome` reads."""
+        with contextlib.suppress(OSError):
+            with open(self.trial_paths.trial_dir / NETWORK_LOG, "a") as fh:
+                fh.write(json.dumps({"t": round(time.time(), 3), **record}) + "\n")
 
     # -------------------------------------------------------------------- construction
     @classmethod
@@ -397,19 +405,20 @@ class LocalEnvironment(BaseEnvironment):
 
     def _record_lookups(self, box: Box) -> None:
         """Record the host names an offline sandbox looks up (root mode; see :mod:`reterm.sandbox.network`)
-        into :meth:`unreachable_lookups` and ``<trial>/`` :data:`NETWORK_LOG`."""
-        if box.spec.network or box.mode != "root":
+        into :meth:`unreachable_lookups` and ``<trial>/`` :data:`NETWORK_LOG`, each with the network policy
+        the phase asked for (a look-up in a ``no-network`` phase is the task's or the agent's business)."""
+        recording = not box.spec.network and box.mode == "root"
+        self._net_log({"event": "start", "network": "host" if box.spec.network else "offline",
+                       "recording": recording, "policy": self._network_policy.network_mode.value})  # fmt: skip
+        if not recording:
             return
-        log_path = self.trial_paths.trial_dir / NETWORK_LOG
         own = {"localhost", box.spec.hostname, "ip6-localhost", "ip6-loopback"}
 
         def on_lookup(name: str, t: float) -> None:
             if name in own or name.endswith(".localhost"):
                 return
             self._lookups.append((t, name))
-            with contextlib.suppress(OSError):
-                with open(log_path, "a") as fh:
-                    fh.write(json.dumps({"t": round(t, 3), "host": name}) + "\n")
+            self._net_log({"host": name, "policy": self._network_policy.network_mode.value})
 
         try:
             sock = recorder().watch(box._ns_fds["net"], on_lookup)
