@@ -43,19 +43,25 @@ def _verify(args: argparse.Namespace) -> int:
     from reterm.tasks.verify import verification_json, verification_markdown, verify_tasks
     from reterm.trajectory import write_json_atomic
 
-    loaded, errors = load_tasks(Path(args.path))
-    for err in errors:
-        print(f"not loaded: {err}", file=sys.stderr)
+    root = Path(args.path)
+    loaded, errors = load_tasks(root)
+    # a folder the loader refused (a base image or layout the local sandbox cannot run) is a row of the table
+    refused = {_task_folder(root, err.path): err.problem for err in errors}
     if args.task:
         wanted = set(args.task)
         loaded = [t for t in loaded if t.name in wanted or t.source_dir.name in wanted]
-        missing = wanted - {t.name for t in loaded} - {t.source_dir.name for t in loaded}
+        refused = {name: why for name, why in refused.items() if name in wanted}
+        missing = wanted - {t.name for t in loaded} - {t.source_dir.name for t in loaded} - set(refused)
         if missing:
             print(f"unknown task(s): {', '.join(sorted(missing))}", file=sys.stderr)
             return 2
     if args.limit:
-        loaded = sorted(loaded, key=lambda t: t.name)[: args.limit]
-    if not loaded:
+        names = sorted([t.source_dir.name for t in loaded] + list(refused))[: args.limit]
+        loaded = [t for t in loaded if t.source_dir.name in names]
+        refused = {name: why for name, why in refused.items() if name in names}
+    for name, why in refused.items():
+        print(f"not loaded: {name}: {why}", file=sys.stderr)
+    if not loaded and not refused:
         print(f"{args.path}: no task to verify", file=sys.stderr)
         return 1
     ek = {}
@@ -70,12 +76,25 @@ def _verify(args: argparse.Namespace) -> int:
     results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet,
                                        environment_kwargs=ek, build_first=not args.no_build_first))  # fmt: skip
     total = time.monotonic() - t0
+    from reterm.tasks.verify import TaskVerification
+
+    results += [TaskVerification(name, str(root / name), False, load_error=why) for name, why in refused.items()]
+    results.sort(key=lambda v: v.name)
     md = verification_markdown(results, total)
     print(md)
     (out / "verify.md").write_text(md)
     write_json_atomic(out / "verify.json", verification_json(results, total))
     print(f"results: {out / 'verify.md'}, {out / 'verify.json'}", file=sys.stderr)
     return 0 if all(r.ok for r in results) and not errors else 1
+
+
+def _task_folder(root: Path, path: Path) -> str:
+    """The name of the task folder under ``root`` that ``path`` (a file of it, or itself) is in."""
+    try:
+        parts = Path(path).resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return Path(path).name
+    return parts[0] if parts else root.name
 
 
 def _steps(args: argparse.Namespace) -> int:

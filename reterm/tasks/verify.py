@@ -53,6 +53,7 @@ class TaskVerification:
     trials: dict[str, TrialOutcome] = field(default_factory=dict)
     build_s: float | None = None  # seconds to build (or find) the task's layer; None when not built first
     build_error: str | None = None  # why the build failed (then no trial ran)
+    load_error: str | None = None  # why the task was not loaded (refused before any build; then nothing ran)
 
     @property
     def oracle(self) -> TrialOutcome:
@@ -66,7 +67,7 @@ class TaskVerification:
     def ok(self) -> bool:
         """Oracle reward 1.0 and null reward 0.0 (both trials without infrastructure fault); for a task
         without reference solution, null reward 0.0."""
-        if self.build_error or "nop" not in self.trials:
+        if self.load_error or self.build_error or "nop" not in self.trials:
             return False
         oracle_ok = not self.has_solution or self.trials.get("oracle", TrialOutcome("oracle", None, 0)).reward == 1.0
         return oracle_ok and self.nop.reward == 0.0
@@ -74,6 +75,8 @@ class TaskVerification:
     @property
     def infra_reason(self) -> str | None:
         """The infrastructure fault of this task's build or trials (``agent: reason`` joined), or None."""
+        if self.load_error:
+            return f"not loaded: {self.load_error}"
         if self.build_error:
             return f"build: {self.build_error}"
         why = [f"{a}: {t.error}" for a, t in self.trials.items() if t.error]
@@ -81,10 +84,13 @@ class TaskVerification:
 
     @property
     def status(self) -> str:
-        """``ok`` (oracle 1, null 0), ``infra`` (a fault with its reason, nothing scored 0 silently) or
+        """``ok`` (oracle 1, null 0), ``refused`` (not loaded: a base image or layout the local sandbox cannot
+        run, with the reason), ``infra`` (a build or trial fault with its reason, nothing scored 0 silently) or
         ``FAIL`` (scored, but not oracle 1 / null 0: the task or the sandbox is wrong)."""
         if self.ok:
             return "ok"
+        if self.load_error:
+            return "refused"
         return "infra" if self.infra_reason else "FAIL"
 
     @property
@@ -216,16 +222,17 @@ def verification_markdown(results: list[TaskVerification], total_wall_s: float |
     rows = ["| task | build | oracle | null | s | shim | status | infra-fault reason |",
             "|---|---|---|---|---|---|---|---|"]
     for v in results:
-        build = "FAIL" if v.build_error else ("-" if v.build_s is None else f"ok {v.build_s:.0f}s")
+        build = "refused" if v.load_error else "FAIL" if v.build_error else ("-" if v.build_s is None else f"ok {v.build_s:.0f}s")
         rows.append(f"| {v.name} | {build} | {fmt(v.trials.get('oracle'))} | {fmt(v.trials.get('nop'))} | "
                     f"{v.wall_s:.0f} | {'yes' if v.shim else '-'} | {v.status} | {cell(v.infra_reason)} |")
     n = len(results)
     ok = sum(v.status == "ok" for v in results)
     infra = sum(v.status == "infra" for v in results)
-    built = sum(not v.build_error for v in results)
+    refused = sum(v.status == "refused" for v in results)
+    built = sum(not v.build_error and not v.load_error for v in results)
     out = "\n".join(rows) + "\n\n"
-    out += (f"{n} tasks: {built} built; {ok} oracle 1.0 and null 0.0; {infra} infrastructure faults (reason "
-            f"given); {n - ok - infra} FAIL (scored, not oracle 1.0 / null 0.0).")
+    out += (f"{n} tasks: {refused} refused before building, {built} built; {ok} oracle 1.0 and null 0.0; {infra} "
+            f"infrastructure faults (reason given); {n - ok - infra - refused} FAIL (scored, not oracle 1.0 / null 0.0).")
     if total_wall_s is not None:
         out += f" Total wall time {total_wall_s:.0f} s."
     return out + "\n"
@@ -236,7 +243,7 @@ def verification_json(results: list[TaskVerification], total_wall_s: float | Non
     return {
         "total_wall_s": total_wall_s,
         "tasks": [{"name": v.name, "task_dir": v.task_dir, "shim": v.shim, "has_solution": v.has_solution, "ok": v.ok,
-                   "status": v.status, "build_s": v.build_s, "build_error": v.build_error,
+                   "status": v.status, "build_s": v.build_s, "build_error": v.build_error, "load_error": v.load_error,
                    "infra_reason": v.infra_reason, "trials": {a: asdict(t) for a, t in v.trials.items()}}
                   for v in results],
     }
