@@ -220,7 +220,7 @@ def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | No
         if hosts:
             reasons.append(f"{phase} could not reach: {', '.join(hosts)}")
         if missing:
-            reasons.append(f"{phase} needs what it cannot install offline: {', '.join(missing)}")
+            reasons.append(f"{phase} needs what the offline shim could not install: {', '.join(missing)}")
     return "; ".join(reasons) or None
 
 

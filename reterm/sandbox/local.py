@@ -481,6 +481,8 @@ class LocalEnvironment(BaseEnvironment):
         full_env, set_home = self._env_for(env)
         if self.options.verifier_shim and "BASH_ENV" not in full_env and _is_verifier_command(command):
             full_env["BASH_ENV"] = SHIM_BASH_ENV
+            if box.spec.network:  # the shim may then install what the verifier asks for from the package index
+                full_env["RETERM_SHIM_ONLINE"] = "1"
         u = self._resolve_user(user)
         if u is None:
             u = self._image_user
