@@ -125,9 +125,12 @@ def test_verifier_that_needs_an_unreachable_host_is_an_infra_fault_left_out_of_p
 
 
 def test_offline_shim_applies_in_harbor_trials(tmp_path):
-    """A Terminal-Bench 2.0 test.sh (uv's installer from astral.sh, then uvx pytest with the CTRF plugin) runs
-    offline in a plain Harbor trial on the local sandbox: the sandbox applies the shim to the verifier only."""
+    """A Terminal-Bench 2.0 test.sh (apt-get, uv's installer from astral.sh, then uvx pytest with the CTRF plugin)
+    runs offline in a plain Harbor trial on the local sandbox: the sandbox applies the shim to the verifier only."""
     task = make_task(tmp_path / "tb2-style", solve_sh="echo 42 > /app/answer.txt\n", test_sh="""
+        apt-get update
+        apt-get install -y curl
+        curl -sS -m 5 https://telemetry.unreachable-host.example/ping || true
         curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
         source $HOME/.local/bin/env
         uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
@@ -140,7 +143,11 @@ def test_offline_shim_applies_in_harbor_trials(tmp_path):
     assert (oracle.reward, oracle.error) == (1.0, None), oracle
     assert (Path(oracle.trial_dir) / "verifier" / "ctrf.json").is_file()
     nop = trial(task, "nop", tmp_path / "trials")
-    assert (nop.reward, nop.error) == (0.0, None), nop
+    # scored 0, not a network fault: the shim skips apt-get update offline, and the failed look-up of the
+    # telemetry host did not decide the reward (the CTRF report shows the tests ran and why they failed)
+    assert (nop.reward, nop.error, nop.outcome) == (0.0, None, "failure"), nop
+    lookups = (Path(nop.trial_dir) / "reterm-network.jsonl").read_text()
+    assert "telemetry.unreachable-host.example" in lookups and "deb.debian.org" not in lookups
 
     async def agent_view():
         env = LocalEnvironment.for_task(task)

@@ -57,7 +57,7 @@ from harbor.models.trial.error_policy import ERROR_POLICIES
 from harbor.models.trial.result import ExceptionInfo, TimingInfo, TrialResult
 
 from reterm.rewards import RewardError, reward_source, scalar_reward
-from reterm.sandbox.network import NETWORK_LOG, unreachable_hosts
+from reterm.sandbox.network import NETWORK_LOG, mentions_unreachable, unreachable_hosts
 from reterm.sandbox.shim import MISSING_LOG
 from reterm.trajectory import PASS_THRESHOLD, Outcome
 
@@ -163,6 +163,20 @@ def _read(path: Path, limit: int = 4 << 20) -> str:
         return ""
 
 
+def _ctrf_clears_network(path: Path) -> bool:
+    """True when the verifier's CTRF report (``--ctrf``, as Terminal-Bench 2.0 verifiers write it; the offline
+    shim's plugin too) shows that tests ran and that no failing test's message tells of an unreachable host:
+    then a host looked up on the way (``apt-get update``, a pip check) did not decide the reward."""
+    try:
+        tests = json.loads(_read(path))["results"]["tests"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    if not isinstance(tests, list) or not tests:
+        return False
+    failed = [t for t in tests if isinstance(t, dict) and t.get("status") == "failed"]
+    return not any(mentions_unreachable(json.dumps(t)) for t in failed)
+
+
 def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | None:
     """Why a trial's verifier or reference solution lacked the network its task asked for, naming hosts and
     packages, or ``None``.
@@ -176,7 +190,9 @@ def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | No
     verifier shim could not install (``verifier/reterm-shim-missing.txt``), and hosts named by error messages in
     ``verifier/test-stdout.txt`` / ``agent/oracle.txt`` (:func:`reterm.sandbox.network.unreachable_hosts`; for a
     sandbox on the host's network, in rootless mode, or another environment without that log, where every phase
-    counts as public). Returns e.g. ``"verifier could not reach: astral.sh, pypi.org"``; phases joined by ``"; "``.
+    counts as public). Hosts do not count for the verifier when its CTRF report shows that tests ran and none
+    failed for want of a host (a look-up on the way, such as ``apt-get update``, did not decide the reward);
+    packages the shim could not install always count. Returns e.g. ``"verifier could not reach: astral.sh, pypi.org"``; phases joined by ``"; "``.
     """
     if trial_dir is None:
         return None
@@ -201,6 +217,7 @@ def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | No
                 current = policy
         return current
 
+    cleared = _ctrf_clears_network(trial_dir / "verifier" / "ctrf.json")
     phases = [("verifier", _window(result.verifier), trial_dir / "verifier" / "test-stdout.txt")]
     if result.agent_info.name == "oracle":
         phases.insert(0, ("solution", _window(result.agent_execution), trial_dir / "agent" / "oracle.txt"))
@@ -214,6 +231,8 @@ def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | No
                 hosts.setdefault(host, None)
         for host in unreachable_hosts(_read(output)):
             hosts.setdefault(host, None)
+        if phase == "verifier" and cleared:  # the tests ran, and none failed for want of a host
+            hosts = {}
         missing = []
         if phase == "verifier":
             missing = sorted(set(_read(trial_dir / "verifier" / MISSING_LOG).split()))
