@@ -52,6 +52,9 @@ class Outcome(str, Enum):
     ENVIRONMENT_TIMEOUT = "environment_timeout"  # build/start of the environment timed out
     HARNESS_ERROR = "harness_error"  # an exception in this kit's (or Harbor's) own code
     ENDPOINT_ERROR = "endpoint_error"  # the model server failed after retries
+    # the verifier or the reference solution failed for want of a host the sandbox could not reach (or a package
+    # the offline verifier shim could not install): the task needs more network than the trial had
+    NETWORK_ERROR = "network_error"
 
     @property
     def is_infra_fault(self) -> bool:

@@ -117,7 +117,7 @@ def test_detect_and_find():
         ("no-test", "tests/test.sh", "missing: the verifier script"),
         ("unsupported-instruction", "environment/Dockerfile:3", "ONBUILD is not supported by the local sandbox"),
         ("unsupported-base", "environment/Dockerfile:1", "FROM alpine:3.20: the local sandbox's userland is a Debian"),
-        ("multi-stage", "environment/Dockerfile:3", "multi-stage builds (a second FROM) are not supported"),
+        ("multi-stage", "environment/Dockerfile:3", "a second FROM (a multi-stage build; the first stage starts at line 1) is not supported"),
         ("tb1-no-instruction", "task.yaml", "no instruction"),
         ("tb1-bad-yaml", "task.yaml", "invalid YAML (line 3, column 1): found unexpected end of stream"),
     ],

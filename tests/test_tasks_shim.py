@@ -116,5 +116,5 @@ def test_missing_package_is_reported_not_invented(env, tmp_path):
     out = subprocess.run(["uv", "pip", "install", "surely-not-installed-pkg==1.0"], env=env,
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 1
-    assert "not installed and no network to install: surely-not-installed-pkg" in out.stderr
+    assert "not installed and could not be installed (no network, or not on the index): surely-not-installed-pkg" in out.stderr
     assert Path(env["RETERM_SHIM_MISSING_LOG"]).read_text() == "python:surely-not-installed-pkg\n"

@@ -44,6 +44,7 @@ from reterm.agent.trial_outcome import (  # noqa: F401
     TrialScore,
     broken_by_agent,
     classify_trial,
+    network_fault,
     reward_of,
     score_trial,
     task_name,

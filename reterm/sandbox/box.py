@@ -47,6 +47,7 @@ import os
 import queue
 import resource
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -198,6 +199,31 @@ _ROOTLESS_PREPARE = (
     f"echo '{rootless.APT_SANDBOX_LINE}' > {rootless.APT_SANDBOX_CONF}; }} 2>/dev/null\n"
 )
 _warned: set[str] = set()
+
+
+def hosts_file(hostname: str) -> str:
+    """The ``/etc/hosts`` Docker writes into a container, with the sandbox's host name on 127.0.1.1 (the
+    Debian convention for a host without another address; a sandbox has only ``lo``, or the host's
+    interfaces in a build)."""
+    return (
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\n"
+        "ff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n"
+        f"127.0.1.1\t{hostname}\n"
+    )
+
+
+def _hosts_prepare(hostname: str) -> str:
+    """Shell run by pid 1 at every start: give ``/etc/hosts`` Docker's entries when it has no ``localhost``
+    line (the debootstrap base has no such file, and a build once left an empty one in its layer), else add
+    the host name if it is missing. A file the image or the agent wrote with a localhost line is kept (so
+    forks keep the agent's edits); it is a plain file of the writable layer, as storage counts it."""
+    content = shlex.quote(hosts_file(hostname))
+    name = shlex.quote(hostname)
+    return (
+        "if ! grep -qsE '^[[:space:]]*127\\.0\\.0\\.1[[:space:]].*\\blocalhost\\b' /etc/hosts; then "
+        f"printf %s {content} > /etc/hosts; "
+        f"elif ! grep -qsw -- {name} /etc/hosts; then printf '127.0.1.1\\t%s\\n' {name} >> /etc/hosts; fi\n"
+    )
 
 
 def _warn_once(message: str) -> None:
@@ -469,7 +495,7 @@ class Box:
             upper, work, tmpfs = self.mnt / "upper", self.mnt / "work", f"{int(spec.storage_mb)}m"
         lowerdir = ":".join(str(p) for p in spec.lowers)
         overlay = f"lowerdir={lowerdir},upperdir={upper},workdir={work},index=off,metacopy=off"
-        prepare = spec.prepare.strip() or "true"
+        prepare = _hosts_prepare(spec.hostname) + (spec.prepare.strip() or "true")
         if self.mode == "rootless":
             overlay += "," + rootless.USERXATTR
             prepare = _ROOTLESS_PREPARE + prepare
@@ -578,9 +604,9 @@ class Box:
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind", "/sys", "/sys",
         ]  # fmt: skip
         if spec.network:
-            for f in ("/etc/resolv.conf", "/etc/hosts"):
-                if Path(f).exists():
-                    args += ["--ro-bind", f, f]
+            # the host's resolver; /etc/hosts is the sandbox's own (``hosts_file``), as in a Docker build
+            if Path("/etc/resolv.conf").exists():
+                args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
             if (ca := host_ca_bundle()) is not None:
                 args += ["--ro-bind", str(ca), HOST_CA_PATH]
         for src, dst, ro in spec.binds:

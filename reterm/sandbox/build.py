@@ -37,13 +37,14 @@ from harbor.environments.base import SandboxBuildFailedError
 from reterm.sandbox import dockerfile as df
 from reterm.sandbox.base_image import BaseImage, strict_mode
 from reterm.sandbox.box import CA_ENV_VARS, DEFAULT_PATH, HOST_CA_PATH, Box, BoxSpec, host_ca_bundle
+from reterm.sandbox.network import mentions_unreachable, unreachable_hosts
 from reterm.sandbox.paths import file_lock, rmtree_writable, sub
 from reterm.sandbox.rootless import sandbox_mode
 
 logger = logging.getLogger(__name__)
 
-# Bump when the build procedure changes the resulting layer.
-BUILD_VERSION = 1
+# Bump when the build procedure changes the resulting layer (2: FROM python* installs Python in strict mode).
+BUILD_VERSION = 2
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 # What a build step prints when it hits the one-uid mapping of rootless mode.
 _ONE_UID_SYMPTOMS = re.compile(r"(chown|chgrp|ownership|setgroups|setresuid|setresgid|seteuid|_apt)\b.*"
@@ -51,6 +52,12 @@ _ONE_UID_SYMPTOMS = re.compile(r"(chown|chgrp|ownership|setgroups|setresuid|setr
 _PYTHON_ALIASES = (
     "ln -sf /usr/bin/python3 /usr/local/bin/python && ln -sf /usr/bin/pip3 /usr/local/bin/pip && "
     "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
+)
+# The strict base has no Python: a FROM python* image does (python, python3, pip, pip3), so the build installs
+# Debian's (3.11) before the aliases, with the build's network.
+_PYTHON_STRICT_INSTALL = (
+    "export DEBIAN_FRONTEND=noninteractive && apt-get update -qq && "
+    "apt-get install -y -qq --no-install-recommends python3 python3-pip python3-venv >/dev/null"
 )
 
 
@@ -279,7 +286,11 @@ def check_instructions(instructions: list[df.Instruction], dockerfile: Path) -> 
         raise df.DockerfileError(f"{dockerfile}:1: no FROM instruction")
     if len(froms) > 1:
         raise df.DockerfileError(
-            f"{dockerfile}:{froms[1].line}: multi-stage builds (a second FROM) are not supported by the local sandbox"
+            f"{dockerfile}:{froms[1].line}: a second FROM (a multi-stage build; the first stage starts at line "
+            f"{froms[0].line}) is not supported by the local sandbox: it builds one layer on one Debian base, and "
+            "stages with their own images cannot be emulated on it. Run this task with a container engine "
+            "(harbor run -e docker), or rewrite the Dockerfile as one stage (install in it what the earlier stage "
+            "built, and drop COPY --from)."
         )
     seen_from = False
     for ins in instructions:
@@ -291,7 +302,11 @@ def check_instructions(instructions: list[df.Instruction], dockerfile: Path) -> 
         elif not seen_from and ins.keyword != "ARG":
             raise df.DockerfileError(f"{where}: {ins.keyword} before FROM")
         if ins.keyword in ("COPY", "ADD") and any(w.startswith("--from") for w in df.split_words(ins.args)):
-            raise df.DockerfileError(f"{where}: {ins.keyword} --from (multi-stage) is not supported by the local sandbox")
+            raise df.DockerfileError(
+                f"{where}: {ins.keyword} --from copies out of another image or build stage, which the local sandbox "
+                "does not have (it builds one layer on one Debian base). Run this task with a container engine "
+                "(harbor run -e docker), or install what it copies in this stage instead."
+            )
 
 
 SUPPORTED_OR_IGNORED = df.SUPPORTED | df.IGNORED
@@ -370,6 +385,9 @@ class _Builder:
             BoxSpec(lowers=[self.base.rootfs], upper=self.tmp, network=True, memory_mb=8192, pids_max=8192),
         )
         if self.mapping.python_aliases:
+            if strict_mode():
+                await self._sh(ins, _PYTHON_STRICT_INSTALL, user=None, cwd=None, what="python image mapping (strict "
+                               "base: installing Debian's python3, python3-pip, python3-venv)")  # fmt: skip
             await self._sh(ins, _PYTHON_ALIASES, user=None, cwd=None, what="python image mapping")
 
     async def do_env(self, ins: df.Instruction, args: str) -> None:
@@ -449,7 +467,12 @@ class _Builder:
             hint += ("\n(note: rootless sandboxes map only one uid: chown to other users or groups, apt's _apt "
                      "download user and packages shipping files owned by other users fail there; run as root "
                      "(sudo) for this task)")  # fmt: skip
-        if self.mapping and self.mapping.family != "debian":
+        if mentions_unreachable(tail):
+            hosts = unreachable_hosts(tail)
+            hint += (f"\n(note: this step could not reach {', '.join(hosts) if hosts else 'a host it needs'}: build "
+                     "steps use this machine's network, and the host is not reachable from it; the task needs more "
+                     "network than this machine has)")  # fmt: skip
+        elif self.mapping and self.mapping.family != "debian":
             hint += (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian 12 bookworm; "
                     "package names or versions of another distribution may not exist there)")  # fmt: skip
         raise SandboxBuildFailedError(f"{self.where(ins)}: {what} failed with exit code {r.return_code}:\n{tail}{hint}")

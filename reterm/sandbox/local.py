@@ -20,16 +20,23 @@ snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network;
 root in an unprivileged user namespace (rootless mode, :mod:`reterm.sandbox.rootless`). It is not a VM
 and not the task's own image: ``FROM debian|ubuntu|python`` map onto one Debian 12 base.
 
-Network policy (Harbor's ``NetworkPolicy``): trials always run without a network (only ``lo``; a
-server on the host's 127.0.0.1 is unreachable). ``no-network`` is enforced exactly. A phase whose
-policy is ``public`` (Harbor's default when a task says nothing) runs offline too, with a warning
-once per process: this is the documented mapping; pass ``--ek public_network=error`` to reject such
-tasks instead. ``allowlist`` policies are rejected by Harbor's own check (not supported).
+Network policy (Harbor's ``NetworkPolicy``; docs/SANDBOX.md, Network): by default trials run without a
+network (only ``lo``; a server on the host's 127.0.0.1 is unreachable), ``no-network`` exactly and a
+``public`` phase (Harbor's default when a task says nothing) too, with a warning once per process. Options
+(``--ek``): ``public_network=host`` gives a sandbox whose phases are all ``public`` the host's network
+(its localhost is then the host's); ``public_network=error`` rejects such tasks. ``allowlist`` policies
+are rejected by Harbor's own check. Offline, every host name a sandbox looks up is recorded
+(:mod:`reterm.sandbox.network`) in ``<trial>/`` :data:`NETWORK_LOG`, so that a verifier or reference
+solution that failed for want of a host is an infrastructure fault naming it
+(:mod:`reterm.agent.trial_outcome`). The offline verifier shim (:mod:`reterm.sandbox.shim`) applies to
+the verifier's ``tests/test.sh`` in every trial (``verifier_shim=false`` turns it off).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import shlex
@@ -50,11 +57,24 @@ from pydantic import Field
 
 from reterm.sandbox import snapshot as snapmod
 from reterm.sandbox.base_image import ensure_base
-from reterm.sandbox.box import DEFAULT_PATH, Box, BoxHealth, BoxSpec, ExecTimeoutError, SandboxError, default_pids_max
+from reterm.sandbox.box import (
+    CA_ENV_VARS,
+    DEFAULT_PATH,
+    HOST_CA_PATH,
+    Box,
+    BoxHealth,
+    BoxSpec,
+    ExecTimeoutError,
+    SandboxError,
+    default_pids_max,
+    host_ca_bundle,
+)
 from reterm.sandbox.build import TaskLayer, ensure_layer
+from reterm.sandbox.network import NETWORK_LOG, recorder
 from reterm.sandbox.paths import rmtree_writable
 from reterm.sandbox.preflight import missing_tools, require_root_or_explain
 from reterm.sandbox.rootless import require_rootless_or_explain, sandbox_mode
+from reterm.sandbox.shim import SHIM_BASH_ENV, SHIM_TARGET, shim_dir
 from reterm.sandbox.snapshot import Snapshot
 from reterm.sandbox.sweep import sweep_once
 
@@ -96,8 +116,16 @@ class LocalOptions(EnvironmentOptions):
     pids_max: int | None = Field(default=None, description="most processes/threads at once (fork bombs stop here); "
                                  "default: the host budget's pids / 8, at most 4096")  # fmt: skip
     max_output_bytes: int = Field(default=8 * 2**20, description="per-stream exec output kept (head+tail)")
-    public_network: Literal["offline", "error"] = Field(
-        default="offline", description="a task phase that allows internet: run it offline, or reject it"
+    public_network: Literal["offline", "host", "error"] = Field(
+        default="offline",
+        description="a task whose phases allow internet (network_mode public, Harbor's default): run it "
+        "offline; give it the host's network (host: every phase must be public, as the sandbox cannot switch "
+        "its network after start; its localhost is then the host's); or reject it (error)",
+    )
+    verifier_shim: bool = Field(
+        default=True,
+        description="run the verifier's tests/test.sh with the offline verifier shim (uv's installer served "
+        "locally, uv/uvx/pytest/CTRF from the sandbox's Python; reterm/sandbox/shim/README.md)",
     )
 
 
@@ -129,6 +157,8 @@ class LocalEnvironment(BaseEnvironment):
         self._image_user: str | None = None
         self._image_env: dict[str, str] = {}
         self._workdir: str | None = None
+        self._lookups: list[tuple[float, str]] = []
+        self._dns_sock: Any = None
         super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, **kwargs)
         self._check_policies([self._network_policy, *self._phase_network_policies])
 
@@ -139,7 +169,19 @@ class LocalEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True, dynamic_network_policy=True, mounted=True)
+        # With the host's network the sandbox's network is fixed at start: Harbor then infers one policy for
+        # all phases and refuses a task that mixes public and restricted phases (its own check).
+        host = getattr(self, "options", None) is not None and self.options.public_network == "host"
+        return EnvironmentCapabilities(disable_internet=True, dynamic_network_policy=not host, mounted=True)
+
+    @property
+    def host_network(self) -> bool:
+        """True when this sandbox runs on the host's network (``public_network=host`` and a public policy)."""
+        return self.options.public_network == "host" and self._network_policy.network_mode == NetworkMode.PUBLIC
+
+    def unreachable_lookups(self) -> list[tuple[float, str]]:
+        """``(unix time, host name)`` of every name this sandbox looked up while offline (none resolves)."""
+        return list(self._lookups)
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
@@ -181,8 +223,11 @@ class LocalEnvironment(BaseEnvironment):
             if self.options.public_network == "error":
                 raise ValueError(
                     f"task {self.environment_name} allows internet access in a phase, but the local sandbox runs "
-                    "offline (public_network=error). Use --ek public_network=offline to run it offline."
+                    "offline (public_network=error). Use --ek public_network=offline to run it offline, or "
+                    "--ek public_network=host to give it the host's network."
                 )
+            if self.options.public_network == "host":
+                continue
             if not _warned_public:
                 _warned_public = True
                 logger.warning(
@@ -191,7 +236,15 @@ class LocalEnvironment(BaseEnvironment):
                 )
 
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
-        self._check_policies([network_policy])  # always offline; nothing to switch
+        self._check_policies([network_policy])  # offline whatever the phase asks; nothing to switch
+        self._net_log({"event": "policy", "policy": network_policy.network_mode.value})
+
+    def _net_log(self, record: dict) -> None:
+        """Append ``record`` (with the time) to ``<trial>/`` :data:`NETWORK_LOG`: the phases' network policies and
+        the host names looked up offline, which :mod:`reterm.agent.trial_outcome` reads."""
+        with contextlib.suppress(OSError):
+            with open(self.trial_paths.trial_dir / NETWORK_LOG, "a") as fh:
+                fh.write(json.dumps({"t": round(time.time(), 3), **record}) + "\n")
 
     # -------------------------------------------------------------------- construction
     @classmethod
@@ -315,6 +368,8 @@ class LocalEnvironment(BaseEnvironment):
         self._layer_workdir = layer_workdir
         self._workdir = self.task_env_config.workdir or layer_workdir
         binds = []
+        if self.options.verifier_shim and not any(str(m.get("target")) == SHIM_TARGET for m in self._host_mounts):
+            binds.append((str(await asyncio.to_thread(shim_dir)), SHIM_TARGET, True))
         if self._snapshot is None:
             for m in self._host_mounts:
                 if m.get("type", "bind") != "bind":
@@ -327,13 +382,14 @@ class LocalEnvironment(BaseEnvironment):
         prepare = self._ensure_dirs_command(dirs)  # Harbor's /logs folders (mkdir -p + chmod 777)
         if self._workdir:
             prepare = f"mkdir -p {shlex.quote(self._workdir)} && " + prepare
-        spec = BoxSpec(lowers=lowers, binds=binds, prepare=prepare, **self._limits())
+        spec = BoxSpec(lowers=lowers, binds=binds, prepare=prepare, network=self.host_network, **self._limits())
         # Box.start runs in a worker thread that a cancel cannot stop: on any error or cancel (a Gradio
         # Stop, a Harbor cancel) wait for it and close the box it made, so nothing lives on unowned.
         starting = asyncio.get_running_loop().run_in_executor(None, Box.start, spec)
         try:
             self._box = await asyncio.shield(starting)
             self._box.on_close.append(self._release_lease)
+            self._record_lookups(self._box)
             if self._snapshot is None:
                 await self._upload_environment_dir_after_start()
         except BaseException:
@@ -345,6 +401,30 @@ class LocalEnvironment(BaseEnvironment):
                     pass
             await self._close()
             raise
+
+    def _record_lookups(self, box: Box) -> None:
+        """Record the host names an offline sandbox looks up (root mode; see :mod:`reterm.sandbox.network`)
+        into :meth:`unreachable_lookups` and ``<trial>/`` :data:`NETWORK_LOG`, each with the network policy
+        the phase asked for (a look-up in a ``no-network`` phase is the task's or the agent's business)."""
+        recording = not box.spec.network and box.mode == "root"
+        self._net_log({"event": "start", "network": "host" if box.spec.network else "offline",
+                       "recording": recording, "policy": self._network_policy.network_mode.value})  # fmt: skip
+        if not recording:
+            return
+        own = {"localhost", box.spec.hostname, "ip6-localhost", "ip6-loopback"}
+
+        def on_lookup(name: str, t: float) -> None:
+            if name in own or name.endswith(".localhost"):
+                return
+            self._lookups.append((t, name))
+            self._net_log({"host": name, "policy": self._network_policy.network_mode.value})
+
+        try:
+            sock = recorder().watch(box._ns_fds["net"], on_lookup)
+        except OSError as exc:  # port 53 taken inside (cannot happen before anything ran), or no privilege
+            logger.warning("sandbox %s: host look-ups are not recorded: %s", box.id, exc)
+            return
+        box.on_close.append(lambda: recorder().unwatch(sock))
 
     def _release_lease(self) -> None:
         if self._lease is not None:
@@ -370,6 +450,9 @@ class LocalEnvironment(BaseEnvironment):
     def _env_for(self, env: dict[str, str] | None) -> tuple[dict[str, str], bool]:
         merged = self._merge_env(env) or {}
         full = {"PATH": DEFAULT_PATH, "HOSTNAME": "sandbox", "HOME": "/root", **self._image_env, **merged}
+        if self._box is not None and self._box.spec.network and host_ca_bundle() is not None:
+            # on the host's network, TLS goes through the host's CA bundle (a TLS-intercepting proxy), as in builds
+            full = {**{k: HOST_CA_PATH for k in CA_ENV_VARS}, **full}
         explicit_home = "HOME" in self._image_env or "HOME" in merged
         return full, not explicit_home
 
@@ -395,6 +478,10 @@ class LocalEnvironment(BaseEnvironment):
         """
         box = self.box
         full_env, set_home = self._env_for(env)
+        if self.options.verifier_shim and "BASH_ENV" not in full_env and _is_verifier_command(command):
+            full_env["BASH_ENV"] = SHIM_BASH_ENV
+            if box.spec.network:  # the shim may then install what the verifier asks for from the package index
+                full_env["RETERM_SHIM_ONLINE"] = "1"
         u = self._resolve_user(user)
         if u is None:
             u = self._image_user
@@ -576,6 +663,14 @@ class LocalEnvironment(BaseEnvironment):
             _owned_dirs=[trial_dir],
             **kwargs,
         )
+
+
+def _is_verifier_command(command: str) -> bool:
+    """True for the command Harbor's verifier runs: a script under ``/tests`` (``/tests/test.sh > ...``,
+    quoted or not, in Harbor's ``(script) > stdout 2>&1``; ``harbor.verifier.verifier.Verifier.verify``)."""
+    tests = str(EnvironmentPaths.tests_dir)
+    head = command.lstrip("( '\"")
+    return head.startswith(tests + "/")
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -1,9 +1,10 @@
 """``reterm tasks``: check and verify task folders.
 
     reterm tasks check PATH [--no-build] [--json FILE]       load, build locally, solution, categories, shim
-    reterm tasks verify PATH [--out DIR] [-n N] [--task NAME ...]
-                                                             oracle and null agents through Harbor on the
-                                                             local sandbox: rewards and wall times
+    reterm tasks verify PATH [--out DIR] [-n N] [--task NAME ...] [--limit N] [--ek KEY=VALUE ...] [--no-build-first]
+                                                             build, then oracle and null agents through Harbor
+                                                             on the local sandbox: build, rewards, wall times,
+                                                             infrastructure faults with their reason, totals
     reterm tasks steps TASK                                  the reference solution as terminal commands
     reterm tasks decontaminate COLLECTION --benchmark DIR|terminal-bench@2.0 [...] [--ngram 8] [--threshold 0.5]
                                                              remove a training collection's tasks that are (by id)
@@ -27,6 +28,7 @@ from pathlib import Path
 from reterm.drills import DEFAULT_OOD_FAMILIES, generate_drills, summary_table
 from reterm.drills.check import check_drills, checks_json
 from reterm.drills.multistage import add_train_instances
+from reterm.tasks.decontaminate import decontaminate, load_benchmark, write_outputs
 from reterm.trajectory import write_json_atomic
 
 
@@ -47,29 +49,58 @@ def _verify(args: argparse.Namespace) -> int:
     from reterm.tasks.loader import load_tasks
     from reterm.tasks.verify import verification_json, verification_markdown, verify_tasks
 
-    loaded, errors = load_tasks(Path(args.path))
-    for err in errors:
-        print(f"not loaded: {err}", file=sys.stderr)
+    root = Path(args.path)
+    loaded, errors = load_tasks(root)
+    # a folder the loader refused (a base image or layout the local sandbox cannot run) is a row of the table
+    refused = {_task_folder(root, err.path): err.problem for err in errors}
     if args.task:
         wanted = set(args.task)
         loaded = [t for t in loaded if t.name in wanted or t.source_dir.name in wanted]
-        missing = wanted - {t.name for t in loaded} - {t.source_dir.name for t in loaded}
+        refused = {name: why for name, why in refused.items() if name in wanted}
+        missing = wanted - {t.name for t in loaded} - {t.source_dir.name for t in loaded} - set(refused)
         if missing:
             print(f"unknown task(s): {', '.join(sorted(missing))}", file=sys.stderr)
             return 2
-    if not loaded:
+    if args.limit:
+        names = sorted([t.source_dir.name for t in loaded] + list(refused))[: args.limit]
+        loaded = [t for t in loaded if t.source_dir.name in names]
+        refused = {name: why for name, why in refused.items() if name in names}
+    for name, why in refused.items():
+        print(f"not loaded: {name}: {why}", file=sys.stderr)
+    if not loaded and not refused:
         print(f"{args.path}: no task to verify", file=sys.stderr)
         return 1
+    ek = {}
+    for item in args.ek or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            print(f"--ek {item!r}: expected KEY=VALUE (e.g. public_network=host)", file=sys.stderr)
+            return 2
+        ek[key] = value
     out = Path(args.out or f"runs/tasks-verify-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.monotonic()
-    results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet))
+    results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet,
+                                       environment_kwargs=ek, build_first=not args.no_build_first))  # fmt: skip
     total = time.monotonic() - t0
+    from reterm.tasks.verify import TaskVerification
+
+    results += [TaskVerification(name, str(root / name), False, load_error=why) for name, why in refused.items()]
+    results.sort(key=lambda v: v.name)
     md = verification_markdown(results, total)
     print(md)
     (out / "verify.md").write_text(md)
     write_json_atomic(out / "verify.json", verification_json(results, total))
     print(f"results: {out / 'verify.md'}, {out / 'verify.json'}", file=sys.stderr)
     return 0 if all(r.ok for r in results) and not errors else 1
+
+
+def _task_folder(root: Path, path: Path) -> str:
+    """The name of the task folder under ``root`` that ``path`` (a file of it, or itself) is in."""
+    try:
+        parts = Path(path).resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return Path(path).name
+    return parts[0] if parts else root.name
 
 
 def _steps(args: argparse.Namespace) -> int:
@@ -118,8 +149,6 @@ def _drills(args: argparse.Namespace) -> int:
 
 
 def _decontaminate(args: argparse.Namespace) -> int:
-    from reterm.tasks.decontaminate import decontaminate, load_benchmark, write_outputs
-
     root = Path(args.collection)
     benchmarks = [t for spec in args.benchmark for t in load_benchmark(spec)]
     report = decontaminate(root, benchmarks, ngram=args.ngram, threshold=args.threshold)
@@ -147,6 +176,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", help="output folder (default runs/tasks-verify-<time>)")
     p.add_argument("-n", "--n-concurrent", type=int, default=2, help="trials at a time (default 2)")
     p.add_argument("--task", action="append", help="only this task (repeatable)")
+    p.add_argument("--limit", type=int, help="only the first N tasks by name")
+    p.add_argument("--ek", action="append", metavar="KEY=VALUE", help="a local-sandbox option for every trial, as "
+                   "harbor's --ek (e.g. public_network=host; reterm.sandbox.local.LocalOptions); repeatable")
+    p.add_argument("--no-build-first", action="store_true", help="do not build each task before its trials")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
     p = sub.add_parser("steps", help="print a task's reference solution split into terminal commands")

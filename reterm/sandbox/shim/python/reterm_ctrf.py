@@ -28,8 +28,10 @@ class _Report:
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             status = {"passed": "passed", "failed": "failed", "skipped": "skipped"}[report.outcome]
-            self.tests.append({"name": report.nodeid, "status": status,
-                               "duration": int(getattr(report, "duration", 0) * 1000)})
+            test = {"name": report.nodeid, "status": status, "duration": int(getattr(report, "duration", 0) * 1000)}
+            if report.failed:  # CTRF's message: the end of the failure's text (what a harness reads to tell why)
+                test["message"] = str(report.longrepr)[-2000:]
+            self.tests.append(test)
 
     def pytest_sessionfinish(self, session):
         counts = {s: sum(t["status"] == s for t in self.tests) for s in ("passed", "failed", "skipped")}

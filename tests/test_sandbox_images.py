@@ -1,0 +1,75 @@
+"""Builds of Terminal-Bench 2.0 style Dockerfiles on the local sandbox (issue 33): ``FROM python:X`` provides
+python, python3, pip and pip3 in default and strict mode; a failed RUN that could not reach a host says so
+(not the note about Debian package names); multi-stage builds are refused with what to do instead."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+from harbor.environments.base import SandboxBuildFailedError
+
+from reterm.sandbox.dockerfile import DockerfileError
+from reterm.sandbox.local import LocalEnvironment
+
+PYTHON_CHECK = "python --version && python3 --version && pip --version && pip3 --version && pip install --help >/dev/null"
+
+
+def make_task(root: Path, dockerfile: str) -> Path:
+    (root / "environment").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "task.toml").write_text('version = "1.0"\n[environment]\nnetwork_mode = "no-network"\n')
+    (root / "instruction.md").write_text("do it\n")
+    (root / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (root / "environment" / "Dockerfile").write_text(textwrap.dedent(dockerfile))
+    return root
+
+
+async def _run(task: Path, command: str):
+    env = LocalEnvironment.for_task(task)
+    async with env:
+        return await env.exec(command)
+
+
+@pytest.mark.parametrize("strict", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["default", "strict"])
+def test_python_image_provides_python_and_pip(tmp_path, monkeypatch, strict):
+    """Strict mode builds the bare base first (debootstrap, about a minute, once) and installs Debian's Python."""
+    if strict:
+        monkeypatch.setenv("RETERM_SANDBOX_STRICT", "1")
+    task = make_task(tmp_path / "py", "FROM python:3.13-slim-bookworm\nWORKDIR /app\nRUN pip install --help >/dev/null\n")
+    r = asyncio.run(_run(task, PYTHON_CHECK))
+    assert r.return_code == 0, r
+    assert r.stdout.startswith("Python 3.11.") and "pip " in r.stdout, r.stdout  # Debian 12's, whatever X says
+
+
+def test_failed_run_that_could_not_reach_a_host_says_so(tmp_path):
+    task = make_task(tmp_path / "net", "FROM ubuntu:24.04\nRUN curl -fsSL -o /tmp/x.sh https://tools.unreachable-host.example/x.sh && sh /tmp/x.sh\n")
+    with pytest.raises(SandboxBuildFailedError) as err:
+        asyncio.run(_run(task, "true"))
+    text = str(err.value)
+    assert "Dockerfile:2" in text and "could not reach tools.unreachable-host.example" in text, text
+    assert "package names or versions" not in text  # not the Debian note: the cause is the network
+
+
+def test_failed_apt_install_of_an_ubuntu_package_keeps_the_debian_note(tmp_path):
+    task = make_task(tmp_path / "pkg", "FROM ubuntu:24.04\nRUN apt-get install -y no-such-package-reterm\n")
+    with pytest.raises(SandboxBuildFailedError, match="package names or versions of another distribution"):
+        asyncio.run(_run(task, "true"))
+
+
+@pytest.mark.parametrize(
+    "dockerfile,line,text",
+    [
+        ("FROM python:3.13 AS build\nRUN true\nFROM python:3.13-slim\nCOPY --from=build /x /y\n", 3,
+         "a second FROM (a multi-stage build; the first stage starts at line 1)"),
+        ("FROM python:3.13-slim\nCOPY --from=ghcr.io/astral-sh/uv:0.9 /uv /bin/uv\n", 2,
+         "COPY --from copies out of another image or build stage"),
+    ],
+)
+def test_multi_stage_is_refused_with_what_to_do(tmp_path, dockerfile, line, text):
+    task = make_task(tmp_path / "ms", dockerfile)
+    with pytest.raises(DockerfileError) as err:
+        asyncio.run(_run(task, "true"))
+    assert f"Dockerfile:{line}: {text}" in str(err.value) and "harbor run -e docker" in str(err.value)

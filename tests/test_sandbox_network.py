@@ -1,0 +1,224 @@
+"""Terminal-Bench 2.0 behaviour of the local sandbox (issue 33), through Harbor's own Trial on the real sandbox:
+localhost resolves as in Docker; a verifier that needs a host the sandbox cannot reach ends as an
+infrastructure fault naming the host, which the evaluation's Pass@1 leaves out of its denominator; the
+offline verifier shim applies in Harbor trials; the unreachable-host reader and the DNS recorder's parser."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reterm.eval.metrics import load_job, pass_at_1, summarize, task_counts
+from reterm.sandbox.local import LocalEnvironment
+from reterm.sandbox.network import parse_query, refused_answer, unreachable_hosts
+from reterm.tasks import load_task
+from reterm.tasks.verify import run_trial
+from reterm.trajectory import Outcome
+
+
+def make_task(root: Path, *, test_sh: str, solve_sh: str, dockerfile: str = "FROM debian:bookworm-slim\nWORKDIR /app\n",
+              toml: str = "") -> Path:  # fmt: skip
+    """A Harbor task folder (Terminal-Bench 2.0 layout) with the given scripts."""
+    for d in ("environment", "tests", "solution"):
+        (root / d).mkdir(parents=True)
+    (root / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 120.0\n[agent]\ntimeout_sec = 120.0\n'
+                                    + toml)  # fmt: skip
+    (root / "instruction.md").write_text("Write the page.\n")
+    (root / "environment" / "Dockerfile").write_text(dockerfile)
+    (root / "tests" / "test.sh").write_text("#!/bin/bash\n" + textwrap.dedent(test_sh))
+    (root / "solution" / "solve.sh").write_text("#!/bin/bash\n" + textwrap.dedent(solve_sh))
+    return root
+
+
+# The test serves /app over HTTP on localhost and fetches the page through the name (getaddrinfo, /etc/hosts).
+LOCALHOST_TEST = """
+    cd /app && python3 -m http.server 8931 --bind localhost >/tmp/http.log 2>&1 &
+    python3 - <<'EOF'
+    import time, urllib.request
+    for _ in range(100):
+        try:
+            body = urllib.request.urlopen("http://localhost:8931/page.html", timeout=2).read().decode()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        body = ""
+    ok = body.strip() == "hello from localhost"
+    open("/logs/verifier/reward.txt", "w").write("1" if ok else "0")
+    EOF
+"""
+
+
+def trial(task: Path, agent: str, trials: Path, **ek):
+    return asyncio.run(run_trial(load_task(task), agent, trials, environment_kwargs=ek))
+
+
+def test_localhost_server_task_passes_in_the_sandbox(tmp_path):
+    task = make_task(tmp_path / "localhost-page", test_sh=LOCALHOST_TEST,
+                     solve_sh="echo 'hello from localhost' > /app/page.html\n")  # fmt: skip
+    oracle = trial(task, "oracle", tmp_path / "trials")
+    nop = trial(task, "nop", tmp_path / "trials")
+    assert (oracle.reward, oracle.error) == (1.0, None), oracle
+    assert (nop.reward, nop.error) == (0.0, None), nop
+
+
+def test_sandbox_resolves_localhost_and_its_hostname_as_docker_does(tmp_path):
+    async def body():
+        env = LocalEnvironment.for_task(make_task(tmp_path / "t", test_sh="", solve_sh=""))
+        async with env:
+            r = await env.exec("python3 -c \"import socket as s; print(s.gethostbyname('localhost'), "
+                               "s.gethostbyname(s.gethostname()), s.getaddrinfo('localhost', 80, s.AF_INET6)[0][4][0])\"; "
+                               "getent hosts \"$(hostname)\"")  # fmt: skip
+            assert r.return_code == 0, r
+            lines = r.stdout.split("\n")
+            assert lines[0] == "127.0.0.1 127.0.1.1 ::1" and lines[1].split() == ["127.0.1.1", "sandbox"], r
+            # the file is the writable layer's: a task may add a name, and a fork keeps it
+            await env.exec("echo '127.0.0.1 db.local' >> /etc/hosts")
+            (fork,) = await env.fork(1)
+            try:
+                assert (await fork.exec("getent hosts db.local")).stdout.split()[0] == "127.0.0.1"
+            finally:
+                await fork.stop()
+
+    asyncio.run(body())
+
+
+@pytest.mark.slow  # five Harbor trials: 13 s quiet, 24 s under load on 2 cores
+def test_verifier_that_needs_an_unreachable_host_is_an_infra_fault_left_out_of_pass_at_1(tmp_path):
+    trials = tmp_path / "job"
+    page = make_task(tmp_path / "localhost-page", test_sh=LOCALHOST_TEST,
+                     solve_sh="echo 'hello from localhost' > /app/page.html\n")  # fmt: skip
+    # a verifier that downloads a tool from a host this machine cannot reach, then scores 0 when it fails
+    # (a Terminal-Bench 2.0 test.sh without the shim: nothing reports a problem, the reward is 0)
+    needs_net = make_task(tmp_path / "needs-net", solve_sh="echo done > /app/out.txt\n", test_sh="""
+        if curl -fsSL https://tools.unreachable-host.example/checker.sh -o /tmp/checker.sh; then
+            bash /tmp/checker.sh && echo 1 > /logs/verifier/reward.txt && exit 0
+        fi
+        echo 0 > /logs/verifier/reward.txt
+    """)
+    for task, agent in ((page, "oracle"), (page, "nop"), (needs_net, "oracle"), (needs_net, "nop")):
+        out = trial(task, agent, trials)
+        if task is needs_net:
+            assert out.reward is None and out.outcome == "network_error", out
+            assert "verifier could not reach: tools.unreachable-host.example" in out.error, out
+    job = load_job(trials)
+    faults = [t for t in job.trials if t.outcome is Outcome.NETWORK_ERROR]
+    assert len(faults) == 2 and {t.task for t in faults} == {"needs-net"}
+    assert all(t.exception_type == "NetworkUnreachable" and "tools.unreachable-host.example" in t.exception_message
+               for t in faults)  # fmt: skip
+    counts = task_counts(job.trials)
+    assert counts == {"localhost-page": (2, 1), "needs-net": (0, 0)}  # no scored trial of the faulty task
+    assert pass_at_1(counts).mean == 0.5 and pass_at_1(counts).n_tasks == 1
+    report = summarize(job.trials)
+    assert report["infra_faults"]["by_outcome"] == {"network_error": 2}
+    # the same verifier in a task that forbids the network: its look-up is the task's business, scored as is
+    # (an agent cannot turn its failure into a fault by making a no-network verifier reach out)
+    forbidden = make_task(tmp_path / "no-net", solve_sh="echo done > /app/out.txt\n",
+                          test_sh=(needs_net / "tests" / "test.sh").read_text(),
+                          toml='[environment]\nnetwork_mode = "no-network"\n')  # fmt: skip
+    out = trial(forbidden, "oracle", tmp_path / "other")
+    assert (out.reward, out.outcome) == (0.0, "failure"), out
+
+
+def test_offline_shim_applies_in_harbor_trials(tmp_path):
+    """A Terminal-Bench 2.0 test.sh (apt-get, uv's installer from astral.sh, then uvx pytest with the CTRF plugin)
+    runs offline in a plain Harbor trial on the local sandbox: the sandbox applies the shim to the verifier only."""
+    task = make_task(tmp_path / "tb2-style", solve_sh="echo 42 > /app/answer.txt\n", test_sh="""
+        apt-get update
+        apt-get install -y curl
+        curl -sS -m 5 https://telemetry.unreachable-host.example/ping || true
+        curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+        source $HOME/.local/bin/env
+        uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+        if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+    """, dockerfile="FROM python:3.13-slim-bookworm\nWORKDIR /app\n")  # fmt: skip
+    (task / "tests" / "test_outputs.py").write_text(
+        "def test_answer():\n    assert open('/app/answer.txt').read().strip() == '42'\n"
+    )
+    oracle = trial(task, "oracle", tmp_path / "trials")
+    assert (oracle.reward, oracle.error) == (1.0, None), oracle
+    assert (Path(oracle.trial_dir) / "verifier" / "ctrf.json").is_file()
+    nop = trial(task, "nop", tmp_path / "trials")
+    # scored 0, not a network fault: the shim skips apt-get update offline, and the failed look-up of the
+    # telemetry host did not decide the reward (the CTRF report shows the tests ran and why they failed)
+    assert (nop.reward, nop.error, nop.outcome) == (0.0, None, "failure"), nop
+    lookups = (Path(nop.trial_dir) / "reterm-network.jsonl").read_text()
+    assert "telemetry.unreachable-host.example" in lookups and "deb.debian.org" not in lookups
+
+    async def agent_view():
+        env = LocalEnvironment.for_task(task)
+        async with env:
+            r = await env.exec("echo BASH_ENV=$BASH_ENV; command -v uvx || echo no-uvx")
+            assert r.stdout == "BASH_ENV=\nno-uvx\n", r  # the agent phase has no shim on its PATH
+
+    asyncio.run(agent_view())
+
+
+@pytest.mark.parametrize(
+    "text,hosts",
+    [
+        ("curl: (6) Could not resolve host: astral.sh", ["astral.sh"]),
+        ("fatal: unable to access 'https://github.com/x/y/': Could not resolve host: github.com", ["github.com"]),
+        ("Err:1 http://deb.debian.org/debian bookworm InRelease\n  Temporary failure resolving 'deb.debian.org'",
+         ["deb.debian.org"]),
+        ("WARNING: Retrying ... HTTPSConnectionPool(host='pypi.org', port=443): Max retries exceeded", ["pypi.org"]),
+        ("npm ERR! request to https://registry.npmjs.org/x failed, reason: getaddrinfo ENOTFOUND registry.npmjs.org",
+         ["registry.npmjs.org"]),
+        ("curl: (7) Failed to connect to localhost port 8000 after 0 ms: Connection refused", []),
+        ("all tests passed", []),
+    ],
+)
+def test_unreachable_hosts_from_error_messages(text, hosts):
+    assert unreachable_hosts(text) == hosts
+
+
+def test_dns_query_parse_and_refused_answer():
+    question = b"\x06astral\x02sh\x00" + struct.pack("!HH", 1, 1)
+    query = struct.pack("!HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + question
+    assert parse_query(query) == (0x1234, "astral.sh", question)
+    answer = refused_answer(0x1234, question)
+    qid, flags = struct.unpack("!HH", answer[:4])
+    assert qid == 0x1234 and flags & 0x8000 and flags & 0xF == 5 and answer.endswith(question)
+    assert parse_query(answer) is None and parse_query(b"\x00" * 5) is None
+
+
+def test_public_network_host_option(tmp_path):
+    """``--ek public_network=host``: a task whose phases are all public (Harbor's default) runs on the host's
+    network (a server on the host's loopback is reachable, the host's resolver is used, nothing is recorded);
+    without the option it is offline; a task that mixes public and no-network phases is refused by Harbor's
+    own check, as the sandbox cannot switch its network after start."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: [server.accept()[0].sendall(b"host-side\n") for _ in range(2)], daemon=True).start()
+    task = make_task(tmp_path / "public", test_sh="", solve_sh="")
+    probe = f"python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', {port}), 2).recv(99).decode())\""
+
+    async def body():
+        on_host = LocalEnvironment.for_task(task, public_network="host")
+        assert on_host.host_network and not on_host.capabilities.dynamic_network_policy
+        async with on_host:
+            r = await on_host.exec(probe + "; grep -c nameserver /etc/resolv.conf; getent hosts nonexistent.invalid")
+            assert r.stdout.startswith("host-side\n") and r.stdout.split("\n")[2] != "0", r
+            assert on_host.unreachable_lookups() == []
+        offline = LocalEnvironment.for_task(task)
+        assert not offline.host_network
+        async with offline:
+            r = await offline.exec(probe + " 2>&1; getent hosts files.example.org")
+            assert "Connection refused" in r.stdout or "Network is unreachable" in r.stdout, r
+            assert {h for _, h in offline.unreachable_lookups()} == {"files.example.org"}
+
+    asyncio.run(body())
+    server.close()
+    mixed = make_task(tmp_path / "mixed", test_sh="echo 0 > /logs/verifier/reward.txt\n", solve_sh="")
+    (mixed / "task.toml").write_text('version = "1.0"\n[agent]\nnetwork_mode = "no-network"\n')
+    refused = trial(mixed, "nop", tmp_path / "trials", public_network="host")
+    assert refused.reward is None and "cannot change network policy after start" in refused.error, refused
