@@ -41,7 +41,8 @@ def test_cpu_recipes_parse_with_the_same_budget(name):
     assert args.mode == ("standard" if "standard" in name else "reterm") and args.resolved_fork_method == "snapshot"
     assert (args.num_generations, args.max_steps, args.max_turns, args.max_turn_tokens, args.max_completion_length) == (
         4, 15, 5, 96, 768)  # fmt: skip
-    assert args.generation_batch_size == 8 and args.use_cpu and not args.bf16
+    assert args.generation_batch_size == 8 and args.use_cpu and args.bf16  # autocast where the CPU has bf16
+    assert script.seed_tasks == "multi-*"  # both arms on the two-stage train drills
     # one attempt per micro-batch (peak memory), two whole groups per optimiser step, generated together
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (1, 8, 8)
     assert (args.skip_equal_after, args.skip_equal_explore) == (2, 0.2)  # the same skipping rule in both arms

@@ -129,11 +129,11 @@ def parse_args(argv: list[str]) -> tuple[GRPOScriptArguments, ReTermGRPOConfig, 
     overrides["max_train_samples"] = 2  # the fixture's first records: the fast hello-file states
     extra = as_cli_args({k: v for k, v in overrides.items() if v is not None})
     extra += ["--task_dirs", *CHECK_TASK_DIRS]
+    extra += ["--seed_tasks", ""]  # the recipe's task filter names its own dataset's tasks, not the fixture's
     print(f"[grpo --check] overrides: {' '.join(extra)}", file=sys.stderr)
     argv = list(argv) + extra
     script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
     script_args.dataset_config = None
-    script_args.seed_tasks = None  # the recipe's task filter names its own dataset's tasks, not the fixture's
     return script_args, training_args, model_args, argv
 
 
