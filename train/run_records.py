@@ -34,11 +34,33 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _reterm_io() -> Any:
+    """The module ``reterm.io`` (atomic writes): the installed one, or, before ``.venv`` exists (the set-up
+    stage runs under any Python), this checkout's ``reterm/io.py`` loaded by path. That file uses only the
+    standard library (``tests/test_run_all.py`` runs the stage runner under ``python -I -S`` to keep it so)."""
+    try:
+        import reterm.io
+
+        return reterm.io
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("reterm", "reterm.io"):
+            raise
+    import importlib.util
+
+    name = "_reterm_io_standalone"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "reterm" / "io.py")
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"{REPO / 'reterm' / 'io.py'}: cannot be loaded", name="reterm.io")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """``data`` as JSON (indent 1, a final newline) at ``path``, atomically (:func:`reterm.io.write_text_atomic`)."""
-    from reterm.io import write_text_atomic
-
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+    _reterm_io().write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 def fmt_duration(seconds: float | None) -> str:
