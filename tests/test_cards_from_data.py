@@ -48,6 +48,15 @@ def test_every_number_of_the_dataset_card_comes_from_the_records(run):
     assert f"most frequent categories here are {top[0].replace('_', ' ')} ({100 * top[1] / n:.1f}%)" in body
     # the funnel and category tables add up to the records
     assert f"| **records** | **{n:,}** |" in body
+    # only what the build ran and the config holds: the drills builder runs no quality or decontamination filter,
+    # and its config has no rollout / failures / recovery sections
+    assert stats["config"]["filters_run"] == ["dedup"]
+    assert f"| removed as duplicates | −{stats['filters']['dedup']:,} |" in body
+    assert "quality" not in body.lower() and "removed by decontamination" not in body
+    for key in ("rollout.environment", "`failures` in the configuration", "recovery.rebuild"):
+        assert key not in body, key
+    assert "Version 0.2.0 (round 1), built " in body
+    assert "verified recoveries of terminal agents from failure states}" in body  # the citation: no own records
     table = re.findall(r"^\| [^|]+ \(`(\w+)`\) \| ([\d,]+) \|", body, re.M)
     assert {c: int(k.replace(",", "")) for c, k in table} == dict(cats)
 
@@ -110,3 +119,31 @@ def test_outputs_are_world_readable(run, tmp_path):
     for f in (run / "data").rglob("*"):
         if f.is_file() and ".drills" not in f.parts:
             assert f.stat().st_mode & stat.S_IROTH, f
+
+
+def test_a_second_round_is_a_new_version_and_never_rewrites_the_first(run, tmp_path):
+    """run_all's mine stage: the round SFT trained on (``data``) is only read; the new round (``data-mined``) starts
+    from its journal and says which version it extends."""
+    from reterm.cards.dataset import render_dataset_card
+    from reterm.data.drills import build
+
+    first = run / "data"
+    before = {p.relative_to(first): p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()}
+    second = tmp_path / "data-mined"
+    with pytest.raises(ValueError, match="its own folder"):
+        build(run / "drills", first, policies=[], max_turns=2, batch=4, held_out=0.0, extends=first)
+    stats = build(run / "drills", second, policies=[], max_turns=2, batch=4, held_out=0.0, extends=first)
+    after = {p.relative_to(first): p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()}
+    assert after == before  # not a byte of the first version changed
+    old = json.loads((first / "stats.json").read_text())
+    assert old["config"]["round"] == 1 and old["config"]["extends"] is None and old["version"] == "0.2.0"
+    assert stats["config"]["round"] == 2 and stats["version"] == "0.2.0+round2"
+    assert stats["config"]["extends"] == {"folder": "data", "version": "0.2.0", "records": old["filters"]["kept"],
+                                          "created": old["created"]}
+    # the journal was copied, so no attempt ran again: the same records (no new policy here)
+    assert stats["filters"]["kept"] == old["filters"]["kept"]
+    body = str(render_dataset_card(second, "org/drills")).split("\n---\n", 1)[1]
+    assert (f"Version 0.2.0+round2 (round 2), built {stats['created']}: it extends version 0.2.0 "
+            f"(`data`, {old['filters']['kept']:,} records, built {old['created']})") in body
+    with pytest.raises(FileNotFoundError, match="--extends needs"):
+        build(run / "drills", tmp_path / "x", policies=[], max_turns=2, batch=4, held_out=0.0, extends=tmp_path)

@@ -24,9 +24,10 @@
 #                  groups forked from its own failure states vs groups from the task's start, paired by task
 #                  (python -m eval.mechanism)                                   -> RUN/mechanism
 #   mine           (embedded default) the paper's second round: the SFT model's own failed attempts on the
-#                  train drills, recovered and verified, join the dataset (ReTerm-GRPO's seed states) -> RUN/data
+#                  train drills, recovered and verified, added to a copy of the dataset: a new version in its
+#                  own folder (RUN/data, which SFT trained on, is never rewritten) -> RUN/data-mined
 #   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from the agent's own failure
-#                  states                                                       -> RUN/grpo-reterm
+#                  states (seeded from RUN/data-mined on the embedded default) -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
 #   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 and Recovery@1 on held-out drills (in- and
@@ -224,7 +225,9 @@ case "$SIZE" in
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
-DATASET=$RUN/data
+DATASET=$RUN/data                # what SFT trains on
+GRPO_DATASET=$RUN/data           # GRPO's seed states: the mined round where there is one (below)
+[ "$RECIPE" = smollm2-135m ] && GRPO_DATASET=$RUN/data-mined
 
 if [ "$CHECK" = 1 ]; then
   # ------------------------------------------------------------------------------------ --check
@@ -288,20 +291,21 @@ if [ "$RECIPE" = smollm2-135m ]; then
     --output "$RUN/mechanism" --seed 0 "${MECH_SIZE[@]}"
 fi
 
-# 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states)
+# 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states), in a new
+#     dataset version that extends RUN/data (read only: the version SFT trained on stays as it was)
 if [ "$RECIPE" = smollm2-135m ]; then
   ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
-  stage mine "$RUN/data" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$RUN/data" --policy smollm2 \
-    --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}"
+  stage mine "$GRPO_DATASET" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$GRPO_DATASET" \
+    --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}"
 fi
 
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
+  --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
   "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
+  --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
   "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 
 # 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)

@@ -103,13 +103,18 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
                 )
             lines.append(f"| {c} | " + " | ".join(row) + " |")
     # training
-    data_stats = load_json(run_dir / "data" / "stats.json") or {}
     sft = load_json(run_dir / "sft" / "training_summary.json") or {}
     grpo = {n: load_json(run_dir / n / "training_summary.json") or {} for n in ("grpo-reterm", "grpo-standard")}
     lines += ["", "## Data and training", ""]
-    if data_stats:
+    # the dataset versions: data/ (what SFT trained on) and, on the embedded default, data-mined/ (the second
+    # round, GRPO's seed states), each a folder of its own
+    for folder, role in (("data", "SFT's training data"), ("data-mined", "the second round: GRPO's seed states")):
+        data_stats = load_json(run_dir / folder / "stats.json") or {}
+        if not data_stats:
+            continue
         cats_d = data_stats.get("categories") or {}
-        lines.append(f"- dataset `{rel}/data`: {sum((data_stats.get('splits') or {}).values())} records from "
+        lines.append(f"- dataset `{rel}/{folder}` ({role}; version {data_stats.get('version')}): "
+                     f"{sum((data_stats.get('splits') or {}).values())} records from "
                      f"{sum(1 for v in cats_d.values() if v.get('records'))} error categories "
                      f"(failure sources: {', '.join(f'{k} {v}' for k, v in (data_stats.get('failure_sources') or {}).items())}); "
                      f"policy `{data_stats.get('policy')}`, "
@@ -152,7 +157,8 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
     lines.append(f"| **total** | **{fmt_duration(total)}** | **{fmt_mb(peak)}** (largest stage) | | | |")
     # artefacts
     lines += ["", "## Where everything is", "",
-              f"- dataset (Hub layout): `{rel}/data` (`datasets.load_dataset(\"{rel}/data\")`), report `{rel}/data/report.md`",
+              f"- dataset (Hub layout): `{rel}/data` (`datasets.load_dataset(\"{rel}/data\")`), report `{rel}/data/report.md`"
+              + (f"; its second round `{rel}/data-mined`" if (run_dir / "data-mined" / "stats.json").is_file() else ""),
               f"- checkpoints: `{rel}/sft/merged`, `{rel}/grpo-standard/merged`, `{rel}/grpo-reterm/merged` "
               f"(in the harness: `reterm run TASK --policy hf:{path_spec(run_dir / 'grpo-reterm' / 'merged')}`)",
               f"- evaluation: `{rel}/eval/results.json`, `{rel}/eval/report.md`, Harbor job folders `{rel}/eval/jobs/`",

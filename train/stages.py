@@ -487,7 +487,8 @@ def cards(
     run_dir: Path, dataset_repo: str, model_repo: str, space_repo: str, base_model: str | None, publish: bool = False
 ) -> int:
     """The cards stage: the effective recipes of the ReTerm-GRPO model's training stages, then
-    ``reterm publish dataset|model|space`` for the run's dataset, ReTerm-GRPO checkpoint and ``space/``:
+    ``reterm publish dataset|model|space`` for the run's dataset (``RUN/data-mined`` where the run mined a second
+    round, else ``RUN/data``), ReTerm-GRPO checkpoint and ``space/``:
     with ``--dry-run --stage-dir RUN/cards/KIND`` (the exact folders that would be uploaded, rendered cards
     included), or for real with ``publish`` (needs a Hub token). Returns 0, or the first failing command's
     exit status."""
@@ -509,8 +510,11 @@ def cards(
     if results.is_file():
         model += ["--results", str(results), "--eval-name", _eval_name(results, "grpo-reterm")]
     model += ["--dataset", dataset_repo] + (["--base-model", base_model] if base_model else [])
+    # the dataset version the published model saw last: the mined round (GRPO's seed states) where the run has
+    # one, which extends data/ (SFT's); the card names both versions (stats.json config.round / extends)
+    dataset = run_dir / "data-mined" if (run_dir / "data-mined" / "stats.json").is_file() else run_dir / "data"
     commands = {
-        "dataset": ["dataset", "--repo-id", dataset_repo, "--folder", str(run_dir / "data")],
+        "dataset": ["dataset", "--repo-id", dataset_repo, "--folder", str(dataset)],
         "model": model,
         "space": ["space", "--repo-id", space_repo, "--folder", str(REPO / "space")],
     }
