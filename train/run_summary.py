@@ -16,7 +16,9 @@ from run_records import (
     MODELS,
     fmt_duration,
     fmt_mb,
+    git_commit,
     load_json,
+    machine,
     path_spec,
     read_marker,
     rel_path,
@@ -381,6 +383,25 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     return "\n".join(lines) + "\n", data
 
 
+def provenance(run_dir: Path, stage_order: list[str]) -> dict[str, Any]:
+    """Where the run's figures come from (``summary.json`` ``provenance``; ``train/measured.py`` reads it): the
+    commit(s) its stages ran at, when the last stage finished, the machine (:func:`run_records.machine`), and per
+    stage the exact command, the digests of the config files it watched, wall time, peak memory and load.
+    """
+    stages: dict[str, Any] = {}
+    for st in stage_order:
+        rec = read_marker(run_dir, st)
+        if rec is None:
+            continue
+        stages[st] = {k: rec.get(k) for k in ("command", "inputs", "wall_s", "peak_mem_mb", "load_avg_mean",
+                                              "finished_at", "git")}  # fmt: skip
+    commits = sorted({(s["git"] or {}).get("commit") for s in stages.values() if s.get("git")} - {None})
+    finished = sorted(s["finished_at"] for s in stages.values() if s.get("finished_at"))
+    return {"commits": commits, "dirty": any((s.get("git") or {}).get("dirty") for s in stages.values()),
+            "summary_commit": git_commit(), "finished_at": finished[-1] if finished else None,
+            "machine": machine(), "stages": stages}
+
+
 def summary(run_dir: Path, stage_order: list[str]) -> int:
     """Write ``RUN/plots/``, ``RUN/summary.md`` and ``RUN/summary.json`` and print the summary."""
     run_dir = Path(run_dir)
@@ -390,6 +411,7 @@ def summary(run_dir: Path, stage_order: list[str]) -> int:
         md, data = build_drills_summary(run_dir, stage_order)
     else:
         md, data = build_summary(run_dir, stage_order)
+    data["provenance"] = provenance(run_dir, stage_order)
     (run_dir / "summary.md").write_text(md)
     write_json_atomic(run_dir / "summary.json", data)
     print(md)

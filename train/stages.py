@@ -49,6 +49,7 @@ from run_records import (
     REPO,
     fmt_duration,
     fmt_mb,
+    git_commit,
     load_json,
     marker_path,
     now_iso,
@@ -299,6 +300,7 @@ def run_stage(
         "cpus": os.cpu_count(),
         "exit_code": code,
         "inputs": inputs,
+        "git": git_commit(),  # the code that ran (a resumed run may span commits)
     }
     if code == 0:
         running.unlink(missing_ok=True)
