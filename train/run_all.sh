@@ -36,10 +36,14 @@
 #   cards          dataset and model cards; `reterm publish` dry-run (or real, 9B with HUB_ORG) -> RUN/cards
 #   summary        the table of the four models, time and peak memory per stage -> RUN/summary.md, RUN/plots
 #
-# Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time (unless
-# its command or config changed). A stage that was interrupted (Ctrl-C, kill -9, a crash) runs again with
-# the same command, and its own tool resumes: the data pipeline from its journal, the trainers from their
-# last checkpoint, the evaluation from Harbor's job folders. So after any interruption: run it again.
+# Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time, unless its
+# command changed or, for the stages that watch a config file (the training stages' recipes; at 9B also the
+# data stage's pipeline config and the eval config), that file changed. A stage that was interrupted (Ctrl-C,
+# kill -9, a crash) runs again with the same command, and its own tool resumes what it keeps: the data and
+# mine stages from their journals, the trainers from their last checkpoint, the mechanism
+# from its groups journal, the drills evaluation model by model (a model whose metrics.json exists is skipped;
+# one interrupted midway starts over), the 9B evaluation from Harbor's job folders. So after any
+# interruption: run it again.
 # --force re-runs the selected stages from scratch (their outputs are deleted first).
 #
 # The helper train/stages.py runs each stage (timing, peak memory, logs, resume records) and writes the
@@ -58,7 +62,8 @@ export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
   --recipe NAME      smollm2-135m (default: the embedded default, CPU) or qwen3.5-9b (GPUs)
-  --size NAME        default (sized for ~45 min on 2 CPU cores) or ci (a reduced chain for CI)
+  --size NAME        default (the sizes block of train/run_all.sh; what a run took: README, "Measured") or ci (a reduced
+                     chain for CI)
   --run-dir DIR      where everything goes (default runs/RECIPE, runs/RECIPE-ci for --size ci)
   --from STAGE       run STAGE and the stages after it
   --only STAGE       run only STAGE (repeatable)
@@ -186,19 +191,20 @@ if [ -f "$RECIPES/grpo_standard.yaml" ]; then GRPO_STANDARD=(--config "$RECIPES/
 else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 
 # ------------------------------------------------------------------------------------------ sizes
-# default: the recipes' own sizes, cut here where the embedded default's 45-min budget needs it (fewer SFT
+# default: the recipes' own sizes, cut here for a run of the embedded default on 2 CPU cores (fewer SFT
 # epochs and GRPO steps), plus the evaluation's sizes (eval/configs/local.yaml is sized for a careful
-# evaluation, not for this budget).
+# evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
+# "Measured" section (train/measured.py) says, for the run it shows, which of these it used.
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
 DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
-    # The embedded default is sized for about an hour on 2 idle cores, set-up included (docs/REPRODUCING.md):
+    # The embedded default (docs/REPRODUCING.md):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole), SmolLM2's and then the SFT model's own attempts on 48 train drills each, SFT for 120
     # optimiser steps of 2 records, 15 GRPO steps of two groups of G=4 each (120 attempts). The evaluation is the longest part
     # (CPU generation, ~60 tokens/s for a batch): 32 + 12 held-out instances for Pass@1 and 20 + 12 injected
-    # failure states for Recovery@1 per model keep it near a quarter of an hour for the four models.
+    # failure states for Recovery@1 per model.
     DRILL_SIZE=(--per-family 32)
     DATA_SIZE=(--own-tasks 48)
     SFT_SIZE=(--max_steps 120)
