@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from card_checks import assert_dataset_card_matches, assert_model_card_matches
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "train"))
@@ -365,6 +368,8 @@ def test_reduced_chain_end_to_end(tmp_path):
     for sub in ("sft", "grpo-reterm", "grpo-standard"):
         assert (run / sub / "merged" / "config.json").is_file(), sub
         assert (run / sub / "training_summary.json").is_file(), sub
+    recs = {s: stages.read_marker(run, s) for s in STAGE_ORDER[:-1]}
+    assert all(recs.values()), [s for s, v in recs.items() if not v]
     grpo = json.loads((run / "grpo-reterm" / "training_summary.json").read_text())
     assert grpo["mode"] == "reterm" and grpo["steps"] == 1 and _same_path(grpo["base_model"], run / "sft" / "merged")
     assert set(ds.column_names) >= {"id", "task_id", "messages", "train_from_message_index", "target_attempt_index",
@@ -392,14 +397,31 @@ def test_reduced_chain_end_to_end(tmp_path):
     assert card.data.license
     mcard = ModelCard.load(run / "cards" / "model" / "README.md")
     assert mcard.data.base_model
+    # the dataset versions: data/ (what SFT trained on) is not touched by the mine stage; data-mined/ (round 2,
+    # extending it) holds GRPO's seed states and is the one published
+    first, mined = (json.loads((run / d / "stats.json").read_text()) for d in ("data", "data-mined"))
+    assert first["config"]["round"] == 1 and mined["config"]["round"] == 2
+    assert mined["config"]["extends"] == {"folder": "data", "version": first["version"], "records": first["filters"]["kept"],
+                                          "created": first["created"]}  # fmt: skip
+    mine_started = datetime.fromisoformat(recs["mine"]["started_at"]).timestamp()
+    assert max(f.stat().st_mtime for f in (run / "data").rglob("*") if f.is_file()) < mine_started
+    assert json.loads((run / "sft" / "training_summary.json").read_text())["dataset"] == "data"
+    assert grpo["dataset"] == "data-mined"
+    assert json.loads((run / "grpo-standard" / "training_summary.json").read_text())["dataset"] == "data-mined"
+    # the rendered cards say, number by number, what the run measured and built
+    assert_model_card_matches(str(mcard), results, "grpo-reterm")
+    assert_dataset_card_matches(str(card).split("\n---\n", 1)[1], run / "data-mined")
+    assert re.search(r"SFT trained on the recovery turns of the records of `[^`]*/data`", str(mcard))
+    assert re.search(r"ReTerm-GRPO forked each group of 2 attempts from a failure state of `[^`]*/data-mined`", str(mcard))
+    from reterm.io import default_mode
+
+    assert (run / "grpo-reterm" / "merged" / "model.safetensors").stat().st_mode & 0o777 == default_mode()
     assert (run / "cards" / "space" / "app.py").exists()
     summary = (run / "summary.md").read_text()
     for label in ("base (SmolLM2-135M-Instruct)", "SFT cold start", "standard GRPO", "ReTerm-GRPO"):
         assert f"| {label} |" in summary
     assert "| not run |" not in summary
     assert (run / "plots" / "stages.png").is_file()
-    recs = {s: stages.read_marker(run, s) for s in STAGE_ORDER[:-1]}
-    assert all(recs.values()), [s for s, v in recs.items() if not v]
     assert max(v["peak_mem_mb"] or 0 for v in recs.values()) < 12 * 1024
     print(f"\nreduced chain: {wall:.0f} s; per stage: " + ", ".join(f"{s} {v['wall_s']:.0f}s" for s, v in recs.items()))
     # a second run: every completed stage is skipped, the summary is printed again
