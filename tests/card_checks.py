@@ -114,4 +114,8 @@ def assert_dataset_card_matches(body: str, folder: Path) -> None:
     teachers = Counter(r["teacher"] for r in records)
     for teacher, k in teachers.items():
         assert f"`{teacher}` ({k:,}, {100 * k / n:.1f}%)" in body, teacher
+    for k, count in Counter(r["target_attempt_index"] for r in records).items():
+        assert f"`target_attempt_index` = {k}, {count:,} records" in body, k
+    injected = sources.get("injected", 0)
+    assert ("**Injected failures**" in body) == bool(injected)
     assert f"Version {stats['version']}" in body

@@ -56,6 +56,9 @@ def test_every_number_of_the_dataset_card_comes_from_the_records(run):
     for key in ("rollout.environment", "`failures` in the configuration", "recovery.rebuild"):
         assert key not in body, key
     assert "Version 0.2.0 (round 1), built " in body
+    from card_checks import assert_dataset_card_matches
+
+    assert_dataset_card_matches(body, run / "data")
     assert "verified recoveries of terminal agents from failure states}" in body  # the citation: no own records
     table = re.findall(r"^\| [^|]+ \(`(\w+)`\) \| ([\d,]+) \|", body, re.M)
     assert {c: int(k.replace(",", "")) for c, k in table} == dict(cats)

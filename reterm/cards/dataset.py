@@ -136,7 +136,7 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
     sizes: dict[str, int] = {"download_size": 0}
     categories: Counter = Counter()
     sources: Counter = Counter()
-    columns: dict[str, Counter] = {"teacher": Counter(), "source_policy": Counter()}
+    columns: dict[str, Counter] = {"teacher": Counter(), "source_policy": Counter(), "target_attempt_index": Counter()}
     example: dict[str, Any] | None = None
     example_split = "train" if "train" in shards else sorted(shards)[0]
     for split, paths in sorted(shards.items()):
@@ -319,7 +319,7 @@ def filters_that_ran(stats: DatasetStats) -> list[str]:
     return [f for f in ("quality", "dedup", "decontamination") if listed is None or f in listed]
 
 
-def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counter]) -> dict[str, str]:
+def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counter]) -> dict[str, Any]:
     """Every sentence of the dataset card that states a number or a claim ("own", "teacher", which categories
     are most frequent), computed from the records (``sources``: records per ``failure_source``; ``columns``:
     records per ``teacher`` and ``source_policy``) and ``stats.json``; nothing is asserted that the data do
@@ -327,7 +327,7 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
 
     Returns:
         ``{"version", "filters", "title", "headline", "teachers", "source_policies", "episodes", "categories",
-        "injected", "teacher_count"}`` (markdown).
+        "injected", "injected_count", "failure_state", "teacher_count"}`` (markdown; ``injected_count`` an int).
     """
     total = stats.records
     own, injected = sources.get("own", 0), sources.get("injected", 0)
@@ -356,6 +356,12 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
         "mined (see the table above)") if top else "No record carries an error category"  # fmt: skip
     if apart:
         categories += "; " + ", ".join(f"{n:,} records are labelled `{c}`" for c, n in sorted(apart.items()))
+    kinds = columns.get("target_attempt_index") or Counter()
+    where = {2: "at the end of the failed attempt, before the verifier ran (the release's protocol: "
+                "`target_attempt_index` = 2, {n:,} records)",
+             1: "just after the failing step, inside the attempt (`target_attempt_index` = 1, {n:,} records)"}
+    states = [where[k].format(n=n) if k in where else f"of `target_attempt_index` = {k} ({n:,} records)"
+              for k, n in sorted(kinds.items(), key=lambda kv: -kv[0]) if n]
     config = stats.config if isinstance(stats.config, dict) else {}
     filters_run = filters_that_ran(stats)
     names = {"quality": "for quality", "dedup": "for duplicates", "decontamination": "for overlap with evaluation tasks"}
@@ -382,6 +388,8 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
         "episodes": f"{stats.rollouts.episodes:,} episodes ran{ep}",
         "categories": categories + ".",
         "injected": f"{injected:,} of the {total:,} records" if injected else "none of the records",
+        "injected_count": injected,
+        "failure_state": "the sandbox state " + (" or ".join(states) if states else "after a failing step"),
     }
 
 
