@@ -40,10 +40,10 @@
 # command changed or, for the stages that watch a config file (the training stages' recipes; at 9B also the
 # data stage's pipeline config and the eval config), that file changed. A stage that was interrupted (Ctrl-C,
 # kill -9, a crash) runs again with the same command, and its own tool resumes what it keeps: the data and
-# mine stages from their journals, the trainers from their last checkpoint, the mechanism
-# from its groups journal, the drills evaluation model by model (a model whose metrics.json exists is skipped;
-# one interrupted midway starts over), the 9B evaluation from Harbor's job folders. So after any
-# interruption: run it again.
+# mine stages from their journals, the trainers from their last checkpoint, the mechanism from its groups
+# journal, the drills evaluation model by model (a model whose metrics.json exists is skipped; one
+# interrupted midway starts over), the 9B evaluation from Harbor's job folders. So after any interruption:
+# run it again.
 # --force re-runs the selected stages from scratch (their outputs are deleted first).
 #
 # The helper train/stages.py runs each stage (timing, peak memory, logs, resume records) and writes the
@@ -62,8 +62,8 @@ export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
   --recipe NAME      smollm2-135m (default: the embedded default, CPU) or qwen3.5-9b (GPUs)
-  --size NAME        default (the sizes block of train/run_all.sh; what a run took: README, "Measured") or ci (a reduced
-                     chain for CI)
+  --size NAME        default (the sizes block of train/run_all.sh; what a run took: README, "Measured")
+                     or ci (a reduced chain for CI)
   --run-dir DIR      where everything goes (default runs/RECIPE, runs/RECIPE-ci for --size ci)
   --from STAGE       run STAGE and the stages after it
   --only STAGE       run only STAGE (repeatable)
