@@ -120,3 +120,11 @@ def test_a_run_of_todays_defaults_says_so_and_bad_inputs_are_named(tmp_path, cap
 ])  # fmt: skip
 def test_command_differences_flag_by_flag(run_cmd, today_cmd, want):
     assert measured.command_differences(run_cmd, today_cmd) == want
+
+
+def test_run_folder_paths_compare_across_checkouts():
+    run = "runs/smollm2-135m-ci"
+    a = measured.portable(["--model", "hf:/tmp/a/runs/smollm2-135m-ci/sft/merged", "--out", "runs/smollm2-135m-ci/x",
+                           "--other", "/tmp/a/runs/smollm2-135m-cix"], run)  # fmt: skip
+    assert a == ["--model", "hf:RUN/sft/merged", "--out", "RUN/x", "--other", "/tmp/a/runs/smollm2-135m-cix"]
+    assert measured.portable(["hf:/srv/k/runs/smollm2-135m-ci/sft/merged"], run) == a[1:2]

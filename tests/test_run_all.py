@@ -86,6 +86,34 @@ def test_running_a_stage_invalidates_later_stages_and_changed_inputs_rerun(tmp_p
     assert "changed" in capsys.readouterr().out
 
 
+def test_a_stage_whose_inputs_were_replaced_starts_afresh_instead_of_resuming(tmp_path, capsys):
+    """The eval stage skips a model whose metrics exist and the data stages resume their journals: after an
+    earlier stage ran again, such resumed work would come from the old inputs. So the later stages are marked
+    stale and their next run deletes their outputs first; an attempt interrupted after that resumes as usual."""
+    run = tmp_path / "run"
+    out = run / "eval"
+    # a stage that "resumes": it appends to what is there
+    append = [PY, "-c", f"import pathlib; p = pathlib.Path({str(out / 'log')!r}); p.parent.mkdir(parents=True, "
+                        "exist_ok=True); p.write_text((p.read_text() if p.exists() else '') + 'x')"]  # fmt: skip
+    assert stages.run_stage(run, "sft", [PY, "-c", "pass"], [], later=["eval"]) == 0
+    assert stages.run_stage(run, "eval", append, [out], later=[]) == 0
+    assert (out / "log").read_text() == "x"
+    # sft runs again (changed command): eval's record is dropped and it is marked stale
+    assert stages.run_stage(run, "sft", [PY, "-c", "pass  # new"], [], later=["eval"]) == 0
+    assert stages.read_marker(run, "eval") is None and stages.stale_path(run, "eval").is_file()
+    # eval's next attempt fails halfway: its old outputs were deleted first, its own partial work stays
+    crash = [*append[:2], append[2] + "; raise SystemExit(1)"]
+    assert stages.run_stage(run, "eval", crash, [out], later=[]) == 1
+    assert "starting it afresh" in capsys.readouterr().out
+    assert (out / "log").read_text() == "x" and not stages.stale_path(run, "eval").exists()
+    # the attempt after that resumes the fresh work (not deleted again)
+    assert stages.run_stage(run, "eval", append, [out], later=[]) == 0
+    assert (out / "log").read_text() == "xx"
+    # a stage that never ran is not marked
+    assert stages.run_stage(run, "sft", [PY, "-c", "pass  # newer"], [], later=["eval", "cards"]) == 0
+    assert stages.stale_path(run, "eval").exists() and not stages.stale_path(run, "cards").exists()
+
+
 def test_peak_memory_counts_the_whole_process_tree(tmp_path):
     # a child process (not the stage's own process) holds 300 MB for 2.5 s: the tree's peak must see it
     child = "b = bytearray(300 * 1024 * 1024); import time; time.sleep(2.5)"

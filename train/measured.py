@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,12 +104,22 @@ def todays_commands(run_dir: str, size: str, recipe: str) -> dict[str, list[str]
     return parse_dry_run(r.stdout)
 
 
-def differences(prov: dict[str, Any], today: dict[str, list[str]]) -> list[str]:
-    """Which defaults of the run differ from today's code (markdown bullet lines; empty when none do)."""
+def portable(argv: list[str], run: str) -> list[str]:
+    """``argv`` with the run folder written as ``RUN``, wherever the checkout was: run_all passes checkpoints as
+    absolute paths (``hf:/CHECKOUT/runs/x/sft/merged``), which differ between checkouts of the same run."""
+    rel = run.rstrip("/")
+    absolute = re.compile(r"(?<![\w.])/[^\s:=]*?/" + re.escape(rel.lstrip("/")) + r"(?=/|$)")
+    relative = re.compile(r"(?<![\w./-])" + re.escape(rel) + r"(?=/|$)")
+    return [relative.sub("RUN", absolute.sub("RUN", w)) if rel else w for w in argv]
+
+
+def differences(prov: dict[str, Any], today: dict[str, list[str]], run: str = "") -> list[str]:
+    """Which defaults of the run differ from today's code (markdown bullet lines; empty when none do). ``run``:
+    the run folder as both commands name it (see :func:`portable`)."""
     lines = []
     run_stages = prov.get("stages") or {}
     for stage in list(dict.fromkeys([*today, *run_stages])):
-        if stage == "setup":  # always `bash scripts/setup.sh`; what it installs is requirements.txt's business
+        if stage in ("setup", "summary"):  # setup: always `bash scripts/setup.sh`; summary: keeps no record
             continue
         rec = run_stages.get(stage)
         if rec is None:
@@ -117,7 +128,8 @@ def differences(prov: dict[str, Any], today: dict[str, list[str]]) -> list[str]:
         if stage not in today:
             lines.append(f"- `{stage}`: ran in this run; today's chain has no such stage")
             continue
-        diffs = command_differences([str(w) for w in rec.get("command") or []], today[stage])
+        diffs = command_differences(portable([str(w) for w in rec.get("command") or []], run),
+                                    portable(today[stage], run))  # fmt: skip
         for path, old in sorted((rec.get("inputs") or {}).items()):
             new = digest(REPO / path)
             if new != old:
@@ -151,6 +163,9 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
     code = ", ".join(f"`{c[:7]}`" for c in commits) or "unknown (no git record)"
     if prov.get("dirty"):
         code += " with uncommitted changes"
+    unrecorded = [st for st, rec in (prov.get("stages") or {}).items() if not rec.get("git")]
+    if commits and unrecorded:
+        code += f" (stages without a commit record: {', '.join(unrecorded)})"
     run = str(summary.get("run") or summary.get("run_dir"))
     # a run outside the checkout: its folder's name only (no path of this machine in the README)
     run_label = f"`{Path(run).name}` (outside the checkout)" if Path(run).is_absolute() else f"`{run}`"
@@ -163,7 +178,7 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
         lines += ["**Defaults that differ from today's code:** not known (today's run_all.sh did not compose its "
                   "commands).", ""]
     else:
-        diff = differences(prov, today)
+        diff = differences(prov, today, run)
         if diff:
             lines += ["**Defaults that differ from today's code** (the run's stage commands and watched configs "
                       "against `bash train/run_all.sh --dry-run` now): these numbers are not those of today's "
