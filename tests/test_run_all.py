@@ -86,6 +86,18 @@ def test_running_a_stage_invalidates_later_stages_and_changed_inputs_rerun(tmp_p
     assert "changed" in capsys.readouterr().out
 
 
+def test_ci_runs_the_readme_s_first_command_before_anything_makes_the_venv():
+    """`.ci/run` (issue 29): the reduced chain first, on the fresh clone, with nothing before it that creates
+    .venv (scripts/setup.sh, tests/run.sh, .venv/bin/...), then the suite with the chain's run folder named."""
+    text = (REPO / ".ci" / "run").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    chain = next(i for i, ln in enumerate(lines) if ln.startswith("bash train/run_all.sh --size ci"))
+    suite = next(i for i, ln in enumerate(lines) if "bash tests/run.sh" in ln)
+    assert chain < suite
+    assert not any(w in ln for ln in lines[:chain] for w in ("setup.sh", "tests/run.sh", ".venv/bin", "pip "))
+    assert lines[suite].startswith("RETERM_CI_RUN_DIR=$RUN ") and "RUN=runs/smollm2-135m-ci" in " ".join(lines[:chain])
+
+
 def test_a_stage_whose_inputs_were_replaced_starts_afresh_instead_of_resuming(tmp_path, capsys):
     """The eval stage skips a model whose metrics exist and the data stages resume their journals: after an
     earlier stage ran again, such resumed work would come from the old inputs. So the later stages are marked
