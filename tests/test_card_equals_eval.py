@@ -12,67 +12,14 @@ difference is compared with ``results.json``.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import pytest
+from card_checks import DRILL_COLUMNS, assert_model_card_matches, check_diffs, same_rate, table
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLISH = Path(__file__).parent / "fixtures" / "publish"
-CELL = re.compile(r"^(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] \(n=(\d+)\)$")
-DIFF = re.compile(r"^- (.+ - .+), (\S+): ([+-]\d+\.\d+) \[([+-]\d+\.\d+), ([+-]\d+\.\d+)\] "
-                  r"\(n=(\d+)(?:; smallest difference detectable with 80% power: ([-\d.]+))?\): (.+)$")
-
-
-def _table(text: str, header_start: str) -> dict[str, list[str]]:
-    """Rows (first cell -> other cells) of the markdown table whose header line starts with ``header_start``."""
-    lines = text.splitlines()
-    (start,) = [i for i, ln in enumerate(lines) if ln.startswith(header_start)]
-    rows = {}
-    for ln in lines[start + 2 :]:
-        if not ln.startswith("|"):
-            break
-        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
-    return rows
-
-
-def _same_rate(cell: str, r: dict | None, digits: int) -> None:
-    """``cell`` ("v [lo, hi] (n=N)", or the no-value marker) shows the rate ``r`` at ``digits`` decimals."""
-    if not r or r.get("value") is None:
-        assert cell in ("n/a", "-"), (cell, r)
-        return
-    m = CELL.match(cell)
-    assert m, f"not a rate cell: {cell!r}"
-    tol = 0.5 * 10**-digits + 1e-9
-    assert float(m[1]) == pytest.approx(r["value"], abs=tol), (cell, r)
-    assert float(m[2]) == pytest.approx(r["ci95"][0], abs=tol) and float(m[3]) == pytest.approx(r["ci95"][1], abs=tol)
-    assert int(m[4]) == r["n"], (cell, r)
-
-
-def _diff_lines(text: str) -> dict[tuple[str, str], tuple]:
-    out = {}
-    for ln in text.splitlines():
-        m = DIFF.match(ln)
-        if m:
-            out[(m[1], m[2])] = (float(m[3]), float(m[4]), float(m[5]), int(m[6]), m[8], m[7])
-    return out
-
-
-def _check_diffs(text: str, results: dict) -> None:
-    shown = _diff_lines(text)
-    expected = {(pair, key): d for pair, per in results["differences"].items() for key, d in per.items()
-                if d.get("diff") is not None}  # fmt: skip
-    assert set(shown) == set(expected) and expected
-    for k, d in expected.items():
-        diff, lo, hi, n, verdict, mde = shown[k]
-        if mde is not None:  # the run summary states each comparison's power
-            want = d.get("min_detectable_80")
-            assert (mde == "-" and want is None) or float(mde) == pytest.approx(want, abs=5e-4), k
-        assert (diff, lo, hi) == pytest.approx((d["diff"], d["ci95"][0], d["ci95"][1]), abs=5e-4 + 1e-9), k
-        assert n == d["n"], k
-        assert ("no difference" in verdict or "includes 0" in verdict) == (not d["excludes_zero"]), (k, verdict)
 
 
 @pytest.fixture(scope="module")
@@ -140,17 +87,7 @@ def test_model_card_and_summary_show_the_evaluation(evaluation, tmp_path):
     path = tmp_path / "README.md"
     card.save(path)
     text = path.read_text()
-    assert "This model is `sft`" in text
-    rows = _table(text, "| model | Pass@1 ID |")
-    assert list(rows) == list(models)
-    columns = [("pass_at_1", "drills_id"), ("pass_at_1", "drills_ood"), ("recovery_at_1", "drills_id"),
-               ("recovery_at_1", "drills_ood"), ("valid_tool_call_rate", None), ("recovery_own", "recovery_at_1"),
-               ("recovery_own", "fatal_attempt_rate")]  # fmt: skip
-    for name, m in models.items():
-        assert len(rows[name]) == len(columns), rows[name]
-        for cell, (key, sub) in zip(rows[name], columns):
-            _same_rate(cell, m[key] if sub is None else m[key].get(sub), 3)
-    _check_diffs(text, results)
+    assert_model_card_matches(text, results, "sft")
 
     # --- summary.md of the run
     sys.path.insert(0, str(REPO / "train"))
@@ -159,7 +96,7 @@ def test_model_card_and_summary_show_the_evaluation(evaluation, tmp_path):
     finally:
         sys.path.remove(str(REPO / "train"))
     md, data = run_summary.build_drills_summary(run, [])
-    rows = _table(md, "| model | Pass@1 ID |")
+    rows = table(md, "| model | Pass@1 ID |")
     assert list(rows) == list(run_summary.DRILL_MODELS.values())
     for name, label in run_summary.DRILL_MODELS.items():
         m = models.get(name)
@@ -167,7 +104,7 @@ def test_model_card_and_summary_show_the_evaluation(evaluation, tmp_path):
         if m is None:
             assert set(cells[:5]) == {"-"}, (label, cells)  # not evaluated: nothing shown
             continue
-        for cell, (key, sub) in zip(cells[:5], columns[:5]):
-            _same_rate(cell, m[key] if sub is None else m[key][sub], 2)
+        for cell, (key, sub) in zip(cells[:5], DRILL_COLUMNS[:5]):
+            same_rate(cell, m[key] if sub is None else m[key][sub], 2)
         assert data["models"][name]["pass_at_1"] == m["pass_at_1"]
-    _check_diffs(md, results)
+    check_diffs(md, results)

@@ -48,6 +48,18 @@ def test_every_number_of_the_dataset_card_comes_from_the_records(run):
     assert f"most frequent categories here are {top[0].replace('_', ' ')} ({100 * top[1] / n:.1f}%)" in body
     # the funnel and category tables add up to the records
     assert f"| **records** | **{n:,}** |" in body
+    # only what the build ran and the config holds: the drills builder runs no quality or decontamination filter,
+    # and its config has no rollout / failures / recovery sections
+    assert stats["config"]["filters_run"] == ["dedup"]
+    assert f"| removed as duplicates | −{stats['filters']['dedup']:,} |" in body
+    assert "quality" not in body.lower() and "removed by decontamination" not in body
+    for key in ("rollout.environment", "`failures` in the configuration", "recovery.rebuild"):
+        assert key not in body, key
+    assert "Version 0.2.0 (round 1), built " in body
+    from card_checks import assert_dataset_card_matches
+
+    assert_dataset_card_matches(body, run / "data")
+    assert "verified recoveries of terminal agents from failure states}" in body  # the citation: no own records
     table = re.findall(r"^\| [^|]+ \(`(\w+)`\) \| ([\d,]+) \|", body, re.M)
     assert {c: int(k.replace(",", "")) for c, k in table} == dict(cats)
 
@@ -110,3 +122,81 @@ def test_outputs_are_world_readable(run, tmp_path):
     for f in (run / "data").rglob("*"):
         if f.is_file() and ".drills" not in f.parts:
             assert f.stat().st_mode & stat.S_IROTH, f
+
+
+def test_a_second_round_is_a_new_version_and_never_rewrites_the_first(run, tmp_path):
+    """run_all's mine stage: the round SFT trained on (``data``) is only read; the new round (``data-mined``) starts
+    from its journal and says which version it extends."""
+    from reterm.cards.dataset import render_dataset_card
+    from reterm.data.drills import build
+
+    first = run / "data"
+    before = {p.relative_to(first): p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()}
+    second = tmp_path / "data-mined"
+    with pytest.raises(ValueError, match="its own folder"):
+        build(run / "drills", first, policies=[], max_turns=2, batch=4, held_out=0.0, extends=first)
+    stats = build(run / "drills", second, policies=[], max_turns=2, batch=4, held_out=0.0, extends=first)
+    after = {p.relative_to(first): p.read_bytes() for p in sorted(first.rglob("*")) if p.is_file()}
+    assert after == before  # not a byte of the first version changed
+    old = json.loads((first / "stats.json").read_text())
+    assert old["config"]["round"] == 1 and old["config"]["extends"] is None and old["version"] == "0.2.0"
+    assert stats["config"]["round"] == 2 and stats["version"] == "0.2.0+round2"
+    assert stats["config"]["extends"] == {"folder": "data", "version": "0.2.0", "records": old["filters"]["kept"],
+                                          "created": old["created"]}
+    # the journal was copied, so no attempt ran again: the same records (no new policy here)
+    assert stats["filters"]["kept"] == old["filters"]["kept"]
+    body = str(render_dataset_card(second, "org/drills")).split("\n---\n", 1)[1]
+    assert (f"Version 0.2.0+round2 (round 2), built {stats['created']}: it extends version 0.2.0 "
+            f"(`data`, {old['filters']['kept']:,} records, built {old['created']})") in body
+    with pytest.raises(FileNotFoundError, match="--extends needs"):
+        build(run / "drills", tmp_path / "x", policies=[], max_turns=2, batch=4, held_out=0.0, extends=tmp_path)
+
+
+def _tiny_checkpoint(folder, summary):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(folder)  # fmt: skip
+    (folder / "training_summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_model_card_says_what_each_stage_read_and_did(tmp_path):
+    """The training section's sentences come from the (effective) recipes: which dataset version each stage read,
+    and whether GRPO's groups started at failure states or at the task's start."""
+    from reterm.cards.model import render_model_card
+
+    sft, grpo = tmp_path / "sft.yaml", tmp_path / "grpo.yaml"
+    sft.write_text("model_name_or_path: HuggingFaceTB/SmolLM2-135M-Instruct\ndataset_name: RUN/data\n"
+                   "assistant_only_loss: true\ncompletion_only_loss: true\nmax_steps: 3\n")
+    grpo.write_text("model_name_or_path: RUN/sft/merged\ndataset_name: RUN/data-mined\nmode: reterm\n"
+                    "num_generations: 4\nonline_state_fraction: 0.5\nmax_steps: 2\n")
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt", {"method": "ReTerm-GRPO (TRL GRPOTrainer subclass)", "steps": 2})
+    text = str(render_model_card(ckpt, "org/m", [sft, grpo], base_model="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert ("SFT trained on the recovery turns of the records of `RUN/data` (tool observations and the prompt "
+            "carry no loss).") in text
+    assert ("ReTerm-GRPO forked each group of 4 attempts from a failure state of `RUN/data-mined` or, for a share "
+            "of 0.5 of the groups once there were some, from the policy's own failed attempts") in text
+    assert "ReTerm-10K" not in text  # no dataset this run did not read
+    grpo.write_text("model_name_or_path: RUN/sft/merged\ndataset_name: RUN/data-mined\nmode: standard\n"
+                    "num_generations: 4\nonline_state_fraction: 0.0\nmax_steps: 2\n")
+    text = str(render_model_card(ckpt, "org/m", [sft, grpo], base_model="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert "Standard GRPO started each group of 4 attempts at the start of a task of `RUN/data-mined`" in text
+    assert "forked" not in text and "own failure states" not in text
+
+
+def test_publish_refuses_an_eval_name_without_results(tmp_path, capsys):
+    from reterm.publish import main
+
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt", {"method": "SFT (TRL SFTTrainer)", "steps": 2})
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model_name_or_path: HuggingFaceTB/SmolLM2-135M-Instruct\ndataset_name: org/data\n")
+    args = ["model", "--folder", str(ckpt), "--repo-id", "org/m", "--recipe", str(recipe), "--dry-run",
+            "--stage-dir", str(tmp_path / "stage")]  # fmt: skip
+    assert main(args + ["--eval-name", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert "--eval-name 'nope'" in err and "no --results was given" in err
+    assert main(args) == 0  # the same without --eval-name is staged
+    assert "eval_name" not in json.loads((tmp_path / "stage" / "training_summary.json").read_text())

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from card_checks import assert_dataset_card_matches, assert_model_card_matches
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "train"))
@@ -83,6 +86,46 @@ def test_running_a_stage_invalidates_later_stages_and_changed_inputs_rerun(tmp_p
     assert "changed" in capsys.readouterr().out
 
 
+def test_ci_runs_the_readme_s_first_command_before_anything_makes_the_venv():
+    """`.ci/run` (issue 29): the reduced chain first, on the fresh clone, with nothing before it that creates
+    .venv (scripts/setup.sh, tests/run.sh, .venv/bin/...), then the suite with the chain's run folder named."""
+    text = (REPO / ".ci" / "run").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    chain = next(i for i, ln in enumerate(lines) if ln.startswith("bash train/run_all.sh --size ci"))
+    suite = next(i for i, ln in enumerate(lines) if "bash tests/run.sh" in ln)
+    assert chain < suite
+    assert not any(w in ln for ln in lines[:chain] for w in ("setup.sh", "tests/run.sh", ".venv/bin", "pip "))
+    assert lines[suite].startswith("RETERM_CI_RUN_DIR=$RUN ") and "RUN=runs/smollm2-135m-ci" in " ".join(lines[:chain])
+
+
+def test_a_stage_whose_inputs_were_replaced_starts_afresh_instead_of_resuming(tmp_path, capsys):
+    """The eval stage skips a model whose metrics exist and the data stages resume their journals: after an
+    earlier stage ran again, such resumed work would come from the old inputs. So the later stages are marked
+    stale and their next run deletes their outputs first; an attempt interrupted after that resumes as usual."""
+    run = tmp_path / "run"
+    out = run / "eval"
+    # a stage that "resumes": it appends to what is there
+    append = [PY, "-c", f"import pathlib; p = pathlib.Path({str(out / 'log')!r}); p.parent.mkdir(parents=True, "
+                        "exist_ok=True); p.write_text((p.read_text() if p.exists() else '') + 'x')"]  # fmt: skip
+    assert stages.run_stage(run, "sft", [PY, "-c", "pass"], [], later=["eval"]) == 0
+    assert stages.run_stage(run, "eval", append, [out], later=[]) == 0
+    assert (out / "log").read_text() == "x"
+    # sft runs again (changed command): eval's record is dropped and it is marked stale
+    assert stages.run_stage(run, "sft", [PY, "-c", "pass  # new"], [], later=["eval"]) == 0
+    assert stages.read_marker(run, "eval") is None and stages.stale_path(run, "eval").is_file()
+    # eval's next attempt fails halfway: its old outputs were deleted first, its own partial work stays
+    crash = [*append[:2], append[2] + "; raise SystemExit(1)"]
+    assert stages.run_stage(run, "eval", crash, [out], later=[]) == 1
+    assert "starting it afresh" in capsys.readouterr().out
+    assert (out / "log").read_text() == "x" and not stages.stale_path(run, "eval").exists()
+    # the attempt after that resumes the fresh work (not deleted again)
+    assert stages.run_stage(run, "eval", append, [out], later=[]) == 0
+    assert (out / "log").read_text() == "xx"
+    # a stage that never ran is not marked
+    assert stages.run_stage(run, "sft", [PY, "-c", "pass  # newer"], [], later=["eval", "cards"]) == 0
+    assert stages.stale_path(run, "eval").exists() and not stages.stale_path(run, "cards").exists()
+
+
 def test_peak_memory_counts_the_whole_process_tree(tmp_path):
     # a child process (not the stage's own process) holds 300 MB for 2.5 s: the tree's peak must see it
     child = "b = bytearray(300 * 1024 * 1024); import time; time.sleep(2.5)"
@@ -127,6 +170,32 @@ def test_always_stage_keeps_the_real_setup_record(tmp_path):
     assert stages.read_marker(tmp_path, "setup")["finished_at"] == first["finished_at"]  # quick re-check: kept
 
 
+def test_setup_stage_runs_before_the_venv_exists(tmp_path):
+    """On a fresh machine run_all.sh starts `stages.py run --stage setup` with whatever Python exists before
+    `.venv` does: the runner, its progress file and its record must need only the standard library. Here the
+    interpreter runs without site-packages, PYTHONPATH or user site (`-E -s -S`), so neither `reterm` nor any
+    third-party package can be imported; the command itself then takes the place of scripts/setup.sh."""
+    bare = [PY, "-E", "-s", "-S"]
+    # the interpreter really is bare: what the venv adds cannot be imported
+    for module in ("reterm", "yaml"):
+        probe = subprocess.run([*bare, "-c", f"import {module}"], cwd=tmp_path, capture_output=True, text=True)
+        assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, module
+    run = tmp_path / "run"
+    r = subprocess.run([*bare, str(REPO / "train" / "stages.py"), "run", "--run-dir", str(run), "--stage", "setup",
+                        "--always", "--", "bash", "-c", "echo set-up; sleep 0.3"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "set-up" in r.stdout and "<== setup: done" in r.stdout
+    rec = json.loads((run / "stages" / "setup.json").read_text())
+    assert rec["exit_code"] == 0 and rec["command"] == ["bash", "-c", "echo set-up; sleep 0.3"]
+    assert not (run / "stages" / "setup.running.json").exists()
+    # `record` (a stage the shell timed itself) likewise
+    r = subprocess.run([*bare, str(REPO / "train" / "stages.py"), "record", "--run-dir", str(run), "--stage", "drills",
+                        "--wall-s", "1.5", "--", "true"], cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((run / "stages" / "drills.json").read_text())["wall_s"] == 1.5
+
+
 # ------------------------------------------------------------------------------ shell: selection
 def _dry_stages(out: str) -> list[str]:
     return [line.strip()[1:-1] for line in out.splitlines() if line.startswith("[") and line.rstrip().endswith("]")]
@@ -163,7 +232,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "eval.mechanism" in cmds["mechanism"] and f"--model hf:{tmp_path}/d/sft/merged" in cmds["mechanism"]
     assert "--tasks 48 --group-size 4" in cmds["mechanism"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
-    assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 32" in cmds["eval"]
+    assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 120" in cmds["eval"]
     assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
     r = _run_all("--dry-run", "--size", "ci", "--run-dir", str(tmp_path / "c"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
@@ -301,26 +370,49 @@ def test_summary_reads_results_and_stage_records(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ slow: chain
+def _same_path(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name the same file (relative ones are relative to the repository root, as run_all runs)."""
+    return (REPO / a).resolve() == (REPO / b).resolve()
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # about 6-8 min on 2 busy cores (docs/REPRODUCING.md); the limit is a hang guard
+@pytest.mark.timeout(1200)  # the chain alone is about 10 min on 2 busy cores; the limit is a hang guard
 def test_reduced_chain_end_to_end(tmp_path):
     """The whole chain on fewer tasks and steps (`--size ci`): every stage's outputs are where the summary
-    says, the next stage consumed them, and a second run skips every completed stage."""
+    says, the next stage consumed them, and a second run skips every completed stage.
+
+    `.ci/run` runs `bash train/run_all.sh --size ci` on its fresh clone before the suite and names its run
+    folder in ``RETERM_CI_RUN_DIR`` (exactly as given to run_all: the second run must pass the same
+    ``--run-dir`` to find its stages done): this test then checks that run instead of running the chain again.
+    """
     from datasets import load_dataset
     from huggingface_hub import DatasetCard, ModelCard
 
-    run = tmp_path / "run"
-    t0 = time.monotonic()
-    r = _run_all("--size", "ci", "--run-dir", str(run), timeout=1150)
-    wall = time.monotonic() - t0
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    run_arg = os.environ.get("RETERM_CI_RUN_DIR")
+    if run_arg:
+        run = REPO / run_arg
+        missing = [s for s in STAGE_ORDER[:-1] if stages.read_marker(run, s) is None]
+        assert not missing and (run / "summary.json").is_file(), (
+            f"RETERM_CI_RUN_DIR={run_arg}: the chain .ci/run ran there did not complete (no record of the stages "
+            f"{missing}; their logs: {run / 'logs'})"
+        )
+        wall = float(json.loads((run / "summary.json").read_text())["wall_s"])
+    else:
+        run_arg = str(tmp_path / "run")
+        run = Path(run_arg)
+        t0 = time.monotonic()
+        r = _run_all("--size", "ci", "--run-dir", run_arg, timeout=1150)
+        wall = time.monotonic() - t0
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     ds = load_dataset(str(run / "data"), split="train")
     assert len(ds) >= 1 and "train_from_message_index" in ds.column_names
     for sub in ("sft", "grpo-reterm", "grpo-standard"):
         assert (run / sub / "merged" / "config.json").is_file(), sub
         assert (run / sub / "training_summary.json").is_file(), sub
+    recs = {s: stages.read_marker(run, s) for s in STAGE_ORDER[:-1]}
+    assert all(recs.values()), [s for s, v in recs.items() if not v]
     grpo = json.loads((run / "grpo-reterm" / "training_summary.json").read_text())
-    assert grpo["mode"] == "reterm" and grpo["steps"] == 1 and grpo["base_model"] == str(run / "sft" / "merged")
+    assert grpo["mode"] == "reterm" and grpo["steps"] == 1 and _same_path(grpo["base_model"], run / "sft" / "merged")
     assert set(ds.column_names) >= {"id", "task_id", "messages", "train_from_message_index", "target_attempt_index",
                                     "trajectory_sha256"}
     results = json.loads((run / "eval" / "results.json").read_text())
@@ -346,18 +438,35 @@ def test_reduced_chain_end_to_end(tmp_path):
     assert card.data.license
     mcard = ModelCard.load(run / "cards" / "model" / "README.md")
     assert mcard.data.base_model
+    # the dataset versions: data/ (what SFT trained on) is not touched by the mine stage; data-mined/ (round 2,
+    # extending it) holds GRPO's seed states and is the one published
+    first, mined = (json.loads((run / d / "stats.json").read_text()) for d in ("data", "data-mined"))
+    assert first["config"]["round"] == 1 and mined["config"]["round"] == 2
+    assert mined["config"]["extends"] == {"folder": "data", "version": first["version"], "records": first["filters"]["kept"],
+                                          "created": first["created"]}  # fmt: skip
+    mine_started = datetime.fromisoformat(recs["mine"]["started_at"]).timestamp()
+    assert max(f.stat().st_mtime for f in (run / "data").rglob("*") if f.is_file()) < mine_started
+    assert json.loads((run / "sft" / "training_summary.json").read_text())["dataset"] == "data"
+    assert grpo["dataset"] == "data-mined"
+    assert json.loads((run / "grpo-standard" / "training_summary.json").read_text())["dataset"] == "data-mined"
+    # the rendered cards say, number by number, what the run measured and built
+    assert_model_card_matches(str(mcard), results, "grpo-reterm")
+    assert_dataset_card_matches(str(card).split("\n---\n", 1)[1], run / "data-mined")
+    assert re.search(r"SFT trained on the recovery turns of the records of `[^`]*/data`", str(mcard))
+    assert re.search(r"ReTerm-GRPO forked each group of 2 attempts from a failure state of `[^`]*/data-mined`", str(mcard))
+    from reterm.io import default_mode
+
+    assert (run / "grpo-reterm" / "merged" / "model.safetensors").stat().st_mode & 0o777 == default_mode()
     assert (run / "cards" / "space" / "app.py").exists()
     summary = (run / "summary.md").read_text()
     for label in ("base (SmolLM2-135M-Instruct)", "SFT cold start", "standard GRPO", "ReTerm-GRPO"):
         assert f"| {label} |" in summary
     assert "| not run |" not in summary
     assert (run / "plots" / "stages.png").is_file()
-    recs = {s: stages.read_marker(run, s) for s in STAGE_ORDER[:-1]}
-    assert all(recs.values()), [s for s, v in recs.items() if not v]
     assert max(v["peak_mem_mb"] or 0 for v in recs.values()) < 12 * 1024
     print(f"\nreduced chain: {wall:.0f} s; per stage: " + ", ".join(f"{s} {v['wall_s']:.0f}s" for s, v in recs.items()))
     # a second run: every completed stage is skipped, the summary is printed again
-    r2 = _run_all("--size", "ci", "--run-dir", str(run), timeout=600)
+    r2 = _run_all("--size", "ci", "--run-dir", run_arg, timeout=600)
     assert r2.returncode == 0, r2.stdout[-3000:]
     assert r2.stdout.count("skipped") == len(STAGE_ORDER) - 2  # all but setup (always checks) and summary
     assert "| ReTerm-GRPO |" in r2.stdout

@@ -150,6 +150,11 @@ def test_merge_adapter_reproduces_the_adapted_model(tiny_qwen, tmp_path):
         plain = AutoModelForCausalLM.from_pretrained(tiny_qwen).eval()(x).logits
         want, got = reloaded(x).logits, full(x).logits
     assert torch.allclose(want, got, atol=1e-4) and not torch.allclose(plain, got, atol=1e-3)
+    # the checkpoint is readable by others (0666 less the umask, as open() gives), not mkstemp's 0600
+    from reterm.io import default_mode
+
+    modes = {p.name: p.stat().st_mode & 0o777 for p in merged.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == default_mode() and set(modes.values()) == {default_mode()}, modes
     # merging again replaces the folder atomically
     assert merge_adapter(adapter, merged, base_model=str(tiny_qwen)) == merged and (merged / "config.json").is_file()
 

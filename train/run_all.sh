@@ -26,9 +26,10 @@
 #                  groups forked from its own failure states vs groups from the task's start, paired by task
 #                  (python -m eval.mechanism)                                   -> RUN/mechanism
 #   mine           (embedded default) the paper's second round: the SFT model's own failed attempts on the
-#                  train drills, recovered and verified, join the dataset (ReTerm-GRPO's seed states) -> RUN/data
+#                  train drills, recovered and verified, added to a copy of the dataset: a new version in its
+#                  own folder (RUN/data, which SFT trained on, is never rewritten) -> RUN/data-mined
 #   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from the agent's own failure
-#                  states                                                       -> RUN/grpo-reterm
+#                  states (seeded from RUN/data-mined on the embedded default) -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
 #   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 and Recovery@1 on held-out drills (in- and
@@ -37,10 +38,14 @@
 #   cards          dataset and model cards; `reterm publish` dry-run (or real, 9B with HUB_ORG) -> RUN/cards
 #   summary        the table of the four models, time and peak memory per stage -> RUN/summary.md, RUN/plots
 #
-# Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time (unless
-# its command or config changed). A stage that was interrupted (Ctrl-C, kill -9, a crash) runs again with
-# the same command, and its own tool resumes: the data pipeline from its journal, the trainers from their
-# last checkpoint, the evaluation from Harbor's job folders. So after any interruption: run it again.
+# Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time, unless its
+# command changed or, for the stages that watch a config file (the training stages' recipes; at 9B also the
+# data stage's pipeline config and the eval config), that file changed. A stage that was interrupted (Ctrl-C,
+# kill -9, a crash) runs again with the same command, and its own tool resumes what it keeps: the data and
+# mine stages from their journals, the trainers from their last checkpoint, the mechanism from its groups
+# journal, the drills evaluation model by model (a model whose metrics.json exists is skipped; one
+# interrupted midway starts over), the 9B evaluation from Harbor's job folders. So after any interruption:
+# run it again.
 # --force re-runs the selected stages from scratch (their outputs are deleted first).
 #
 # The helper train/stages.py runs each stage (timing, peak memory, logs, resume records) and writes the
@@ -59,7 +64,8 @@ export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
   --recipe NAME      smollm2-135m (default: the embedded default, CPU) or qwen3.5-9b (GPUs)
-  --size NAME        default (sized for ~45 min on 2 CPU cores) or ci (a reduced chain for CI)
+  --size NAME        default (the sizes block of train/run_all.sh; what a run took: README, "Measured")
+                     or ci (a reduced chain for CI)
   --run-dir DIR      where everything goes (default runs/RECIPE, runs/RECIPE-ci for --size ci)
   --from STAGE       run STAGE and the stages after it
   --only STAGE       run only STAGE (repeatable)
@@ -190,26 +196,29 @@ if [ -f "$RECIPES/grpo_standard.yaml" ]; then GRPO_STANDARD=(--config "$RECIPES/
 else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 
 # ------------------------------------------------------------------------------------------ sizes
-# default: the recipes' own sizes, cut here where the embedded default's 45-min budget needs it (fewer SFT
+# default: the recipes' own sizes, cut here for a run of the embedded default on 2 CPU cores (fewer SFT
 # epochs and GRPO steps), plus the evaluation's sizes (eval/configs/local.yaml is sized for a careful
-# evaluation, not for this budget).
+# evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
+# "Measured" section (train/measured.py) says, for the run it shows, which of these it used.
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
 DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
-    # The embedded default is sized for at most 100 minutes on 2 idle cores, set-up included (docs/REPRODUCING.md):
+    # The embedded default (docs/REPRODUCING.md; not yet timed end to end at these sizes):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
     # of each family, types 48 whole two-stage solutions and 48 two-stage failed attempts with their recoveries,
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
-    # 2 epochs (bf16 autocast where the CPU has it); 15 GRPO steps of two groups of G=4 each (120 attempts).
+    # 2 epochs (bf16 autocast where the CPU has it); 15 GRPO steps of two groups of G=4 each (120 attempts) on the
+    # two-stage drills. The evaluation: every one of the 120 in-distribution test instances and 12 held-out-family
+    # instances for Pass@1, 20 + 12 injected failure states for Recovery@1 per model.
     DRILL_SIZE=(--per-family 32 --multistage 48)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5)
     SFT_SIZE=()
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
-    EVAL_SIZE=(--max-id 32 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 96)
+    EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 96)
     # the mechanism: 48 two-stage drills x (G=4 from the start + G=4 from the first failed one) = 384 attempts
     MECH_SIZE=(--tasks 48 --group-size 4 --max-turns 8 --max-new-tokens 96)
     ;;
@@ -229,7 +238,9 @@ case "$SIZE" in
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac
-DATASET=$RUN/data
+DATASET=$RUN/data                # what SFT trains on
+GRPO_DATASET=$RUN/data           # GRPO's seed states: the mined round where there is one (below)
+[ "$RECIPE" = smollm2-135m ] && GRPO_DATASET=$RUN/data-mined
 
 if [ "$GPU_SMOKE" = 1 ]; then
   # ------------------------------------------------------------------------------------ --gpu-smoke
@@ -301,20 +312,21 @@ if [ "$RECIPE" = smollm2-135m ]; then
     --output "$RUN/mechanism" --seed 0 "${MECH_SIZE[@]}"
 fi
 
-# 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states)
+# 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states), in a new
+#     dataset version that extends RUN/data (read only: the version SFT trained on stays as it was)
 if [ "$RECIPE" = smollm2-135m ]; then
   ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
-  stage mine "$RUN/data" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$RUN/data" --policy smollm2 \
-    --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}"
+  stage mine "$GRPO_DATASET" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$GRPO_DATASET" \
+    --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}"
 fi
 
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
 WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
+  --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
   "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
+  --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
   "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
 
 # 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)

@@ -7,6 +7,7 @@ Standard library only: ``train/stages.py run`` uses it before ``.venv`` exists.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,11 +35,67 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _reterm_io() -> Any:
+    """The module ``reterm.io`` (atomic writes): the installed one, or, before ``.venv`` exists (the set-up
+    stage runs under any Python), this checkout's ``reterm/io.py`` loaded by path. That file uses only the
+    standard library (``tests/test_run_all.py`` runs the stage runner under ``python -I -S`` to keep it so)."""
+    try:
+        import reterm.io
+
+        return reterm.io
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("reterm", "reterm.io"):
+            raise
+    import importlib.util
+
+    name = "_reterm_io_standalone"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "reterm" / "io.py")
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"{REPO / 'reterm' / 'io.py'}: cannot be loaded", name="reterm.io")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """``data`` as JSON (indent 1, a final newline) at ``path``, atomically (:func:`reterm.io.write_text_atomic`)."""
-    from reterm.io import write_text_atomic
+    _reterm_io().write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+def git_commit(repo: Path = REPO) -> dict[str, Any] | None:
+    """The checkout's commit: ``{"commit": SHA, "dirty": bool}`` (dirty: tracked files changed), or ``None``
+    outside a git checkout or without git. Recorded with each stage, so a report can say what code ran."""
+    import subprocess
+
+    try:
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {"commit": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def machine() -> dict[str, Any]:
+    """What the run ran on: CPUs, memory, CPU model and whether it has bf16 matrix units (``/proc``; fields
+    that cannot be read are ``None``)."""
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "memory_gb": None, "cpu_model": None, "bf16_units": None}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gb"] = round(int(line.split()[1]) / 1024**2, 1)
+                break
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")), None)
+        flags = next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), [])
+        info.update(cpu_model=model, bf16_units=[f for f in ("amx_bf16", "avx512_bf16") if f in flags])
+    except OSError:
+        pass
+    return info
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -16,7 +16,9 @@ from run_records import (
     MODELS,
     fmt_duration,
     fmt_mb,
+    git_commit,
     load_json,
+    machine,
     path_spec,
     read_marker,
     rel_path,
@@ -103,13 +105,18 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
                 )
             lines.append(f"| {c} | " + " | ".join(row) + " |")
     # training
-    data_stats = load_json(run_dir / "data" / "stats.json") or {}
     sft = load_json(run_dir / "sft" / "training_summary.json") or {}
     grpo = {n: load_json(run_dir / n / "training_summary.json") or {} for n in ("grpo-reterm", "grpo-standard")}
     lines += ["", "## Data and training", ""]
-    if data_stats:
+    # the dataset versions: data/ (what SFT trained on) and, on the embedded default, data-mined/ (the second
+    # round, GRPO's seed states), each a folder of its own
+    for folder, role in (("data", "SFT's training data"), ("data-mined", "the second round: GRPO's seed states")):
+        data_stats = load_json(run_dir / folder / "stats.json") or {}
+        if not data_stats:
+            continue
         cats_d = data_stats.get("categories") or {}
-        lines.append(f"- dataset `{rel}/data`: {sum((data_stats.get('splits') or {}).values())} records from "
+        lines.append(f"- dataset `{rel}/{folder}` ({role}; version {data_stats.get('version')}): "
+                     f"{sum((data_stats.get('splits') or {}).values())} records from "
                      f"{sum(1 for v in cats_d.values() if v.get('records'))} error categories "
                      f"(failure sources: {', '.join(f'{k} {v}' for k, v in (data_stats.get('failure_sources') or {}).items())}); "
                      f"policy `{data_stats.get('policy')}`, "
@@ -152,7 +159,8 @@ def build_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, dict[str,
     lines.append(f"| **total** | **{fmt_duration(total)}** | **{fmt_mb(peak)}** (largest stage) | | | |")
     # artefacts
     lines += ["", "## Where everything is", "",
-              f"- dataset (Hub layout): `{rel}/data` (`datasets.load_dataset(\"{rel}/data\")`), report `{rel}/data/report.md`",
+              f"- dataset (Hub layout): `{rel}/data` (`datasets.load_dataset(\"{rel}/data\")`), report `{rel}/data/report.md`"
+              + (f"; its second round `{rel}/data-mined`" if (run_dir / "data-mined" / "stats.json").is_file() else ""),
               f"- checkpoints: `{rel}/sft/merged`, `{rel}/grpo-standard/merged`, `{rel}/grpo-reterm/merged` "
               f"(in the harness: `reterm run TASK --policy hf:{path_spec(run_dir / 'grpo-reterm' / 'merged')}`)",
               f"- evaluation: `{rel}/eval/results.json`, `{rel}/eval/report.md`, Harbor job folders `{rel}/eval/jobs/`",
@@ -375,6 +383,25 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     return "\n".join(lines) + "\n", data
 
 
+def provenance(run_dir: Path, stage_order: list[str]) -> dict[str, Any]:
+    """Where the run's figures come from (``summary.json`` ``provenance``; ``train/measured.py`` reads it): the
+    commit(s) its stages ran at, when the last stage finished, the machine (:func:`run_records.machine`), and per
+    stage the exact command, the digests of the config files it watched, wall time, peak memory and load.
+    """
+    stages: dict[str, Any] = {}
+    for st in stage_order:
+        rec = read_marker(run_dir, st)
+        if rec is None:
+            continue
+        stages[st] = {k: rec.get(k) for k in ("command", "inputs", "wall_s", "peak_mem_mb", "load_avg_mean",
+                                              "finished_at", "git")}  # fmt: skip
+    commits = sorted({(s["git"] or {}).get("commit") for s in stages.values() if s.get("git")} - {None})
+    finished = sorted(s["finished_at"] for s in stages.values() if s.get("finished_at"))
+    return {"commits": commits, "dirty": any((s.get("git") or {}).get("dirty") for s in stages.values()),
+            "summary_commit": git_commit(), "finished_at": finished[-1] if finished else None,
+            "machine": machine(), "stages": stages}
+
+
 def summary(run_dir: Path, stage_order: list[str]) -> int:
     """Write ``RUN/plots/``, ``RUN/summary.md`` and ``RUN/summary.json`` and print the summary."""
     run_dir = Path(run_dir)
@@ -384,6 +411,7 @@ def summary(run_dir: Path, stage_order: list[str]) -> int:
         md, data = build_drills_summary(run_dir, stage_order)
     else:
         md, data = build_summary(run_dir, stage_order)
+    data["provenance"] = provenance(run_dir, stage_order)
     (run_dir / "summary.md").write_text(md)
     write_json_atomic(run_dir / "summary.json", data)
     print(md)

@@ -20,7 +20,9 @@ time and peak of the interrupted attempts, kept in ``RUN/stages/NAME.running.jso
 to its record: ``wall_s`` covers every attempt, ``last_attempt_wall_s`` the last one); each
 stage's own tool then resumes from its journal or checkpoints (``reterm.data.build``'s journal, the trainers'
 ``checkpoint-*``, Harbor's job folders). A stage that runs invalidates the records of the stages after it
-(``--later``), since their inputs changed; ``--force`` deletes the stage's outputs first (a fresh start).
+(``--later``), since their inputs changed, and marks them stale (:func:`stale_path`): their next run starts
+afresh instead of resuming work made from the old inputs; ``--force`` deletes the stage's outputs first (a
+fresh start).
 
 ``run`` and ``record`` use only the standard library, so the set-up stage can run before ``.venv`` exists.
 Written for this kit: no library offers a resumable stage runner with per-stage memory accounting.
@@ -49,6 +51,7 @@ from run_records import (
     REPO,
     fmt_duration,
     fmt_mb,
+    git_commit,
     load_json,
     marker_path,
     now_iso,
@@ -200,7 +203,8 @@ def run_stage(
         stage: the stage's name (``data``, ``sft``...).
         command: the command and its arguments.
         outputs: files/folders the stage writes (deleted first with ``force``).
-        later: the stages after this one; their completion records are removed when this one runs.
+        later: the stages after this one; when this one runs, their completion records are removed and those
+            that had run (completed, interrupted or failed) are marked stale (:func:`stale_path`).
         force: start the stage afresh even if it completed.
         label: a one-line description printed in the banner.
         watch: input files whose content is part of the stage's identity (a config the command names):
@@ -227,15 +231,26 @@ def run_stage(
     if not always:
         marker_path(run_dir, stage).unlink(missing_ok=True)
     for name in later:
-        if marker_path(run_dir, name).exists():
-            marker_path(run_dir, name).unlink()
-            print(f"    ({name} will run again: its inputs change)", flush=True)
+        traces = [marker_path(run_dir, name)] + [run_dir / "stages" / f"{name}.{k}.json" for k in ("running", "failed")]
+        if any(p.exists() for p in traces):
+            marker_path(run_dir, name).unlink(missing_ok=True)
+            # its outputs (complete or partial) come from this stage's old outputs: it must not resume them
+            write_json_atomic(stale_path(run_dir, name), {"invalidated_by": stage, "at": now_iso()})
+            print(f"    ({name} will run again, afresh: its inputs change)", flush=True)
+    stale = stale_path(run_dir, stage)
+    if stale.exists() and not force:
+        why = (read_record(stale) or {}).get("invalidated_by", "an earlier stage")
+        print(f"    ({stage}'s outputs were made from inputs that {why} has since replaced: starting it afresh)",
+              flush=True)  # fmt: skip
+        force = True
     if force:
         for out in outputs:
             if out.is_dir() and not out.is_symlink():
                 shutil.rmtree(out)
             elif out.exists() or out.is_symlink():
                 out.unlink()
+        # from here on an interrupted attempt resumes its own (fresh) work
+        stale.unlink(missing_ok=True)
     # Earlier attempts of this stage that did not complete (killed, crashed): their time and peak count in
     # the stage's record, since the stage resumes from their work. RUN/stages/NAME.running.json is rewritten
     # every 5 s while an attempt runs (so a kill -9 loses at most 5 s of accounting) and removed on success.
@@ -299,6 +314,7 @@ def run_stage(
         "cpus": os.cpu_count(),
         "exit_code": code,
         "inputs": inputs,
+        "git": git_commit(),  # the code that ran (a resumed run may span commits)
     }
     if code == 0:
         running.unlink(missing_ok=True)
@@ -318,6 +334,14 @@ def run_stage(
               f"the same command again: the stage resumes (or add `--only {stage} --force` to start it afresh).",
               flush=True)  # fmt: skip
     return code
+
+
+def stale_path(run_dir: Path, stage: str) -> Path:
+    """``RUN/stages/NAME.stale``: written when an earlier stage ran again after ``stage`` had completed. The
+    outputs of ``stage`` then come from inputs that no longer exist, and its tool's own resume (journals keyed
+    by task, a model's finished evaluation) would keep them; so the next run of ``stage`` starts afresh (as
+    ``--force``: its outputs are deleted first), while an attempt interrupted after that resumes as usual."""
+    return Path(run_dir) / "stages" / f"{stage}.stale"
 
 
 def record_stage(run_dir: Path, stage: str, wall_s: float, command: list[str]) -> None:
@@ -487,7 +511,8 @@ def cards(
     run_dir: Path, dataset_repo: str, model_repo: str, space_repo: str, base_model: str | None, publish: bool = False
 ) -> int:
     """The cards stage: the effective recipes of the ReTerm-GRPO model's training stages, then
-    ``reterm publish dataset|model|space`` for the run's dataset, ReTerm-GRPO checkpoint and ``space/``:
+    ``reterm publish dataset|model|space`` for the run's dataset (``RUN/data-mined`` where the run mined a second
+    round, else ``RUN/data``), ReTerm-GRPO checkpoint and ``space/``:
     with ``--dry-run --stage-dir RUN/cards/KIND`` (the exact folders that would be uploaded, rendered cards
     included), or for real with ``publish`` (needs a Hub token). Returns 0, or the first failing command's
     exit status."""
@@ -509,8 +534,11 @@ def cards(
     if results.is_file():
         model += ["--results", str(results), "--eval-name", _eval_name(results, "grpo-reterm")]
     model += ["--dataset", dataset_repo] + (["--base-model", base_model] if base_model else [])
+    # the dataset version the published model saw last: the mined round (GRPO's seed states) where the run has
+    # one, which extends data/ (SFT's); the card names both versions (stats.json config.round / extends)
+    dataset = run_dir / "data-mined" if (run_dir / "data-mined" / "stats.json").is_file() else run_dir / "data"
     commands = {
-        "dataset": ["dataset", "--repo-id", dataset_repo, "--folder", str(run_dir / "data")],
+        "dataset": ["dataset", "--repo-id", dataset_repo, "--folder", str(dataset)],
         "model": model,
         "space": ["space", "--repo-id", space_repo, "--folder", str(REPO / "space")],
     }

@@ -135,7 +135,7 @@ def _read_shards(folder: Path, stats: DatasetStats) -> tuple[dict[str, int], Cou
     sizes: dict[str, int] = {"download_size": 0}
     categories: Counter = Counter()
     sources: Counter = Counter()
-    columns: dict[str, Counter] = {"teacher": Counter(), "source_policy": Counter()}
+    columns: dict[str, Counter] = {"teacher": Counter(), "source_policy": Counter(), "target_attempt_index": Counter()}
     example: dict[str, Any] | None = None
     example_split = "train" if "train" in shards else sorted(shards)[0]
     for split, paths in sorted(shards.items()):
@@ -309,14 +309,23 @@ def _counts(counter: Counter | dict[str, int], total: int | None = None) -> str:
     return ", ".join(f"`{k}` ({v:,}, {_pct(v / total if total else None)})" for k, v in items)
 
 
-def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counter]) -> dict[str, str]:
+def filters_that_ran(stats: DatasetStats) -> list[str]:
+    """The filters of the funnel that the build ran: ``config.filters_run`` where the builder records it (the
+    drills builder runs only deduplication), else all three (``reterm.data.build`` runs them all)."""
+    config = stats.config if isinstance(stats.config, dict) else {}
+    listed = config.get("filters_run")
+    return [f for f in ("quality", "dedup", "decontamination") if listed is None or f in listed]
+
+
+def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counter]) -> dict[str, Any]:
     """Every sentence of the dataset card that states a number or a claim ("own", "teacher", which categories
     are most frequent), computed from the records (``sources``: records per ``failure_source``; ``columns``:
     records per ``teacher`` and ``source_policy``) and ``stats.json``; nothing is asserted that the data do
     not show.
 
     Returns:
-        ``{"headline", "teachers", "episodes", "categories", "injected", "teacher_count"}`` (markdown).
+        ``{"version", "filters", "title", "headline", "teachers", "source_policies", "episodes", "categories",
+        "injected", "injected_count", "failure_state", "teacher_count"}`` (markdown; ``injected_count`` an int).
     """
     total = stats.records
     own, injected = sources.get("own", 0), sources.get("injected", 0)
@@ -345,7 +354,31 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
         "mined (see the table above)") if top else "No record carries an error category"  # fmt: skip
     if apart:
         categories += "; " + ", ".join(f"{n:,} records are labelled `{c}`" for c, n in sorted(apart.items()))
+    kinds = columns.get("target_attempt_index") or Counter()
+    where = {2: "at the end of the failed attempt, before the verifier ran (the release's protocol: "
+                "`target_attempt_index` = 2, {n:,} records)",
+             1: "just after the failing step, inside the attempt (`target_attempt_index` = 1, {n:,} records)"}
+    states = [where[k].format(n=n) if k in where else f"of `target_attempt_index` = {k} ({n:,} records)"
+              for k, n in sorted(kinds.items(), key=lambda kv: -kv[0]) if n]
+    config = stats.config if isinstance(stats.config, dict) else {}
+    filters_run = filters_that_ran(stats)
+    names = {"quality": "for quality", "dedup": "for duplicates", "decontamination": "for overlap with evaluation tasks"}
+    ran = [names[f] for f in ("quality", "dedup", "decontamination") if f in filters_run]
+    version = f"Version {stats.version}"
+    round_, extends = config.get("round"), config.get("extends")
+    if isinstance(round_, int):
+        version += f" (round {round_})"
+    version += f", built {stats.created}"
+    if isinstance(extends, dict):
+        version += (f": it extends version {extends.get('version')} (`{extends.get('folder')}`, "
+                    f"{int(extends.get('records') or 0):,} records, built {extends.get('created')}), whose records it "
+                    "keeps, and adds the records of the policies this round ran")
     return {
+        "version": version + ", with the ReTerm kit.",
+        "filters": ("filtered " + ", ".join(ran[:-1]) + (" and " if len(ran) > 1 else "") + ran[-1]) if ran
+                   else "kept as they were (no filter ran)",
+        "title": "verified recoveries of terminal agents from their own failures" if own
+                 else "verified recoveries of terminal agents from failure states",
         "headline": headline,
         "teachers": _counts(teachers, total),
         "teacher_count": f"{len([t for t in teachers if teachers[t]]):,}",
@@ -353,6 +386,8 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
         "episodes": f"{stats.rollouts.episodes:,} episodes ran{ep}",
         "categories": categories + ".",
         "injected": f"{injected:,} of the {total:,} records" if injected else "none of the records",
+        "injected_count": injected,
+        "failure_state": "the sandbox state " + (" or ".join(states) if states else "after a failing step"),
     }
 
 
@@ -408,7 +443,7 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
     key = repo_id.split("/")[1].lower().replace("-", "").replace(".", "").replace("_", "")
     citation = stats.citation or (
         f"@misc{{{key}{year},\n"
-        f"  title        = {{{{{stats.name}}}: verified recoveries of terminal agents from their own failures}},\n"
+        f"  title        = {{{{{stats.name}}}: {claims['title']}}},\n"
         f"  year         = {{{year}}},\n"
         f"  note         = {{Version {stats.version}, built with the ReTerm kit}},\n"
         f"  howpublished = {{\\url{{https://huggingface.co/datasets/{repo_id}}}}}\n"
@@ -435,6 +470,7 @@ def render_dataset_card(folder: str | Path, repo_id: str) -> DatasetCard:
         source_licences=licences,
         pct=_pct,
         claims=claims,
+        filters_run=filters_that_ran(stats),
     )
     check_readme(str(card), "dataset", where=f"dataset card of {folder}")
     return card

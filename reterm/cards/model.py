@@ -330,6 +330,9 @@ def render_model_card(
     folder = Path(folder)
     if repo_id.count("/") != 1:
         raise ValueError(f"repo_id must be ORG/NAME, got {repo_id!r}")
+    if eval_name is not None and results is None and not (folder / "eval" / "results.json").is_file():
+        raise ValueError(f"--eval-name {eval_name!r} names this model in an evaluation's results.json, but no "
+                         f"--results was given (and {folder / 'eval' / 'results.json'} does not exist)")
     kind = checkpoint_kind(folder)
     record = training_record(folder)
     if not recipes and record is not None:
@@ -426,9 +429,35 @@ def render_model_card(
         pct=_pct,
         drills_md=drills_md,
         training_run=training_run_sentence(record.summary if record is not None else {}),
+        stage_sentences=[stage_sentence(r) for r in stages],
     )
     check_readme(str(card), "model", where=f"model card of {folder}")
     return card
+
+
+def stage_sentence(recipe: Recipe) -> str:
+    """What a training stage did, read from its recipe (the effective one of a run: the YAML with the command
+    line's overrides): the trainer, the data it read (``dataset_name``: which dataset version, e.g. ``RUN/data`` or
+    the mined round ``RUN/data-mined``), and for GRPO where its groups started (``mode``, ``num_generations``,
+    ``online_state_fraction``). Nothing is said that the recipe does not set."""
+    p = recipe.params
+    data = f"`{p['dataset_name']}`" if p.get("dataset_name") else "its dataset"
+    if recipe.trainer == "sft":
+        what = "the recovery turns" if p.get("completion_only_loss", True) else "every assistant turn"
+        text = f"SFT trained on {what} of the records of {data}"
+        if p.get("assistant_only_loss"):
+            text += " (tool observations and the prompt carry no loss)"
+        return text + "."
+    g = p.get("num_generations")
+    group = f"each group of {g} attempts" if g else "each group of attempts"
+    if p.get("mode", "reterm") == "standard":
+        return f"Standard GRPO started {group} at the start of a task of {data}, rewarded by the task's verifier."
+    text = f"ReTerm-GRPO forked {group} from a failure state of {data}"
+    online = p.get("online_state_fraction")
+    if isinstance(online, (int, float)) and online > 0:
+        text += (f" or, for a share of {online:g} of the groups once there were some, from the policy's own failed "
+                 "attempts during training")
+    return text + ", rewarded by the task's verifier."
 
 
 def training_run_sentence(summary: dict[str, Any]) -> str:

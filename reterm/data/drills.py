@@ -22,6 +22,12 @@ verifier keeps the ones that pass. Records carry the release's six columns first
 used here (they are the evaluation's).
 
 Resuming: each finished batch is appended to ``DIR/.drills/journal.jsonl``; a re-run skips what is there.
+
+Rounds: ``--extends PREV`` makes a new version of the dataset in ``--output`` that starts from ``PREV``'s journal
+(copied, never written back) and adds the new policies' records: the second round (the SFT model's own failed
+attempts) is its own folder, so the version SFT trained on is never rewritten. ``stats.json`` records the round
+(``config.round``), the version it extends (``config.extends``) and a version string with the round
+(``0.2.0+round2``).
 """
 
 from __future__ import annotations
@@ -311,7 +317,8 @@ def per_family(dirs: list[Path], n: int | None) -> list[Path]:
 
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
           held_out: float, max_tasks: int | None = None, max_new_tokens: int = 48,
-          own_tasks: int | None = None, injected_per_family: int | None = None) -> dict[str, Any]:  # fmt: skip
+          own_tasks: int | None = None, injected_per_family: int | None = None,
+          extends: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
 
     Args:
@@ -323,6 +330,12 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         injected_per_family: bound on the single-stage train instances of each family whose first mistake is
             injected (default all). Multi-stage train instances (:func:`reterm.drills.generate.stage_parts`) give a
             whole reference solution each and one scripted failed attempt of :data:`MULTISTAGE_KINDS` each.
+        extends: a dataset folder this build makes the next round of (see the module docstring): its journal
+            seeds ``output``'s when ``output`` has none yet; ``extends`` itself is only read.
+
+    Raises:
+        FileNotFoundError: ``extends`` has no journal or no ``stats.json`` (not a folder this module wrote).
+        ValueError: ``extends`` is ``output`` (a round must not rewrite the version it extends).
     """
     t0 = time.monotonic()
     splits = read_splits(tasks)
@@ -331,6 +344,21 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     single = [d for d in every if d not in set(multi)][:max_tasks]
     dirs = single + multi
     journal_path = output / ".drills" / "journal.jsonl"
+    previous: dict[str, Any] | None = None
+    if extends is not None:
+        extends = Path(extends)
+        if extends.resolve() == Path(output).resolve():
+            raise ValueError(f"--extends {extends} is the output folder: a new round needs its own folder")
+        prev_journal, prev_stats = extends / ".drills" / "journal.jsonl", extends / "stats.json"
+        for path in (prev_journal, prev_stats):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: missing; --extends needs a dataset folder written by pipeline.drills")
+        previous = json.loads(prev_stats.read_text())
+        if not journal_path.exists():
+            journal_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = journal_path.with_name(journal_path.name + ".tmp")
+            tmp.write_bytes(prev_journal.read_bytes())
+            tmp.replace(journal_path)
     journal_path.parent.mkdir(parents=True, exist_ok=True)
     done: list[dict[str, Any]] = []
     if journal_path.exists():
@@ -413,8 +441,10 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     failed = sum(len(e["states"]) for e in done)
     verified = sum(len(e["records"]) for e in done)  # verified recoveries of both kinds, before deduplication
     infra = sum(v for e in done for k, v in e["outcomes"].items() if k not in ("success", "failure"))
+    prev_config = (previous or {}).get("config") or {}
+    round_ = int(prev_config.get("round") or 1) + 1 if previous is not None else 1
     stats = {
-        "name": "ReTerm-drills", "version": "0.2.0", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "name": "ReTerm-drills", "version": "0.2.0" if round_ == 1 else f"0.2.0+round{round_}", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "license": "apache-2.0", "splits": {k: len(v) for k, v in split_rows.items()},
         "categories": {c: {"failure_states": v["failure_states"], "attempts": v["attempts"],
                            "successful_attempts": v["successful_attempts"], "records": by_cat.get(c, 0)}
@@ -422,6 +452,8 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         "failure_sources": dict(Counter(r["failure_source"] for r in rows)),
         "rollouts": {"episodes": episodes, "failed": failed, "infra_faults": infra},
         "attempts_per_state": 1,
+        # only deduplication runs here (config.filters_run): the schema's other filter counts are 0 because no such
+        # filter ran, and the card leaves them out
         "filters": {"verified_recoveries": verified, "quality": 0, "dedup": verified - len(rows),
                     "decontamination": 0, "kept": len(rows)},
         "decontamination": {"benchmarks": ["drills test/test_ood"],
@@ -434,7 +466,10 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                        e.get("key", "") if e.get("key", "").startswith("multi:") else "first-mistake"
                        if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
                        for e in done for _ in e["tasks"])), "batch": batch, "held_out": held_out,
-                   "prompt_version": PROMPT_VERSION,
+                   "prompt_version": PROMPT_VERSION, "round": round_, "filters_run": ["dedup"],
+                   "extends": None if previous is None else {
+                       "folder": Path(extends).name, "version": previous.get("version"),
+                       "records": (previous.get("filters") or {}).get("kept"), "created": previous.get("created")},
                    "records_by_source_policy": dict(Counter(f"{r['failure_source']}:{r['source_policy']}" for r in rows))},
     }  # fmt: skip
     write_dataset_folder(output, split_rows, stats)
@@ -457,12 +492,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
     p.add_argument("--injected-per-family", type=int, default=None,
                    help="inject the first mistake on at most N single-stage train instances per family (default all)")
+    p.add_argument("--extends", type=Path, default=None,
+                   help="a dataset folder (an earlier round) this one extends; it is read, never rewritten")
     a = p.parse_args(argv)
     try:
         policies = [p for p in (a.policy if a.policy is not None else ["smollm2"]) if p]
         build(a.tasks, a.output, policies=policies, max_turns=a.max_turns, batch=a.batch,
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
-              own_tasks=a.own_tasks, injected_per_family=a.injected_per_family)
+              own_tasks=a.own_tasks, injected_per_family=a.injected_per_family, extends=a.extends)
     except (FileNotFoundError, ValueError) as exc:
         print(f"pipeline.drills: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from reterm.io import atomic_output
+from reterm.io import atomic_output, default_mode
 from reterm.training.models import causal_lm_class, resolve_model_name_or_path
 
 RUN_FILES = ("training_summary.json", "curves.csv", "curves.png", "recipe.yaml", "versions.json", "command.json")
@@ -80,6 +80,12 @@ def merge_adapter(
         for name in RUN_FILES:
             if (adapter_dir / name).is_file():
                 shutil.copyfile(adapter_dir / name, tmp / name)
+        # safetensors and other writers go through mkstemp (0600): the checkpoint is for others to load and
+        # publish, so its files get what open() would give (0666 less the umask), like reterm.io's writes
+        mode = default_mode()
+        for path in tmp.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                path.chmod(mode)
         tmp.chmod(0o755)
     return output_dir
 

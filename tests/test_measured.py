@@ -1,0 +1,130 @@
+"""``train/measured.py``: the README's Measured section written from a run's ``summary.json``.
+
+The summary is made by the real summary code (``train/run_summary.summary``) from stage records whose commands
+are the ones today's ``bash train/run_all.sh --dry-run --size ci`` composes (one of them changed, one watched
+recipe with another digest), and an evaluation ``results.json``; the section must show every figure with its n
+and interval, the commit and machine, and exactly the settings that differ from today's code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "train"))
+
+import measured  # noqa: E402  (train/measured.py)
+
+import run_summary  # noqa: E402
+from run_records import git_commit, marker_path, write_json_atomic  # noqa: E402
+
+GRPO_RECIPE = "train/recipes/smollm2-135m/grpo.yaml"
+
+
+def _r(value: float, lo: float, hi: float, n: int) -> dict:
+    return {"value": value, "ci95": [lo, hi], "n": n}
+
+
+RESULTS = {
+    "models": {
+        "base": {"pass_at_1": {"drills_id": _r(0.0, 0.0, 0.11, 32), "drills_ood": _r(0.0, 0.0, 0.24, 12)},
+                 "recovery_at_1": {"drills_id": _r(0.05, 0.01, 0.24, 20), "drills_ood": _r(0.0, 0.0, 0.24, 12)},
+                 "valid_tool_call_rate": _r(0.0, 0.0, 0.04, 88)},
+        "sft": {"pass_at_1": {"drills_id": _r(0.156, 0.069, 0.318, 32), "drills_ood": _r(0.083, 0.015, 0.354, 12)},
+                "recovery_at_1": {"drills_id": _r(0.2, 0.081, 0.416, 20), "drills_ood": _r(0.0, 0.0, 0.243, 12)},
+                "valid_tool_call_rate": _r(0.848, 0.777, 0.9, 132)},
+    },
+    "differences": {"sft - base": {"pass_at_1/drills_id": {"diff": 0.156, "ci95": [0.031, 0.281], "n": 32,
+                                                           "excludes_zero": True, "min_detectable_80": 0.125}}},
+}  # fmt: skip
+
+
+def _run(tmp_path: Path, changed: bool) -> tuple[Path, dict[str, list[str]]]:
+    run = tmp_path / "runs" / "smollm2-135m-ci"  # a *-ci folder: the size is read from its name
+    today = measured.todays_commands(str(run), "ci", "smollm2-135m")
+    assert {"setup", "drills", "data", "sft", "mine", "grpo", "eval", "cards"} <= set(today)
+    git = git_commit()
+    for i, (stage, cmd) in enumerate(today.items()):
+        inputs = {}
+        if stage == "grpo":
+            inputs = {GRPO_RECIPE: "0123456789abcdef" if changed else measured.digest(REPO / GRPO_RECIPE)}
+        if stage == "sft" and changed:
+            cmd = [w if w != "2" or cmd[j - 1] != "--max_steps" else "7" for j, w in enumerate(cmd)]
+        write_json_atomic(marker_path(run, stage), {"stage": stage, "command": cmd, "inputs": inputs, "exit_code": 0,
+                                                    "wall_s": 10.0 + i, "peak_mem_mb": 100.0 * (i + 1),
+                                                    "load_avg_mean": 1.5, "finished_at": f"2026-12-05T10:{i:02d}:00+00:00",
+                                                    "git": git})  # fmt: skip
+    write_json_atomic(run / "eval" / "results.json", RESULTS)
+    assert run_summary.summary(run, list(today)) == 0
+    return run, today
+
+
+def test_the_section_shows_every_figure_and_what_differs_from_today(tmp_path, capsys):
+    run, today = _run(tmp_path, changed=True)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Kit\n\nbefore\n\n{measured.BEGIN}\nold numbers\n{measured.END}\n\nafter\n")
+    assert measured.main([str(run / "summary.json"), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# Kit\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
+    section = text.split(measured.BEGIN)[1].split(measured.END)[0]
+    # every rate with its n and interval, each model in its row
+    for name, m in RESULTS["models"].items():
+        row = next(ln for ln in section.splitlines() if ln.startswith(f"| {measured.MODEL_LABELS[name]} |"))
+        for key in ("pass_at_1", "recovery_at_1"):
+            for split in ("drills_id", "drills_ood"):
+                assert measured.rate(m[key][split]) in row, (name, key, split)
+        assert measured.rate(m["valid_tool_call_rate"]) in row
+    assert "| standard GRPO | - | - | - | - | - | - | - |" in section  # not evaluated: nothing invented
+    assert "- sft - base, pass_at_1/drills_id: +0.156 [+0.031, +0.281] (n=32; 0.125): better" in section
+    # provenance: commit and machine
+    commit = git_commit()["commit"][:7]
+    assert f"code at commit `{commit}`" in section and "`runs/smollm2-135m-ci`" not in section
+    assert "`smollm2-135m-ci` (outside the checkout) (recipe `smollm2-135m`, size `ci`)" in section
+    assert " CPUs (" in section and " GB of memory." in section
+    # exactly the two settings that differ from today's code
+    diff = [ln for ln in section.splitlines() if ln.startswith("- `")]
+    assert diff == ["- `sft`: `--max_steps`: run `7`, today `2`",
+                    f"- `grpo`: `{GRPO_RECIPE}` changed since the run (digest 0123456789abcdef -> "
+                    f"{measured.digest(REPO / GRPO_RECIPE)})"], diff  # fmt: skip
+    assert "these numbers are not those of today's defaults" in section
+    # time per stage, with the commit of each
+    assert f"| sft | 13s | 400 MB | 1.5 | `{commit}` |" in section
+
+
+def test_a_run_of_todays_defaults_says_so_and_bad_inputs_are_named(tmp_path, capsys):
+    run, _ = _run(tmp_path, changed=False)
+    assert measured.main([str(run / "summary.json"), "--print"]) == 0
+    out = capsys.readouterr().out
+    assert "**Defaults that differ from today's code:** none" in out
+    summary = json.loads((run / "summary.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    assert measured.main([str(run / "summary.json"), "--readme", str(readme)]) == 2
+    assert "needs exactly one <!-- measured:begin -->" in capsys.readouterr().err
+    summary.pop("provenance")
+    (tmp_path / "old.json").write_text(json.dumps(summary))
+    assert measured.main([str(tmp_path / "old.json"), "--print"]) == 2
+    assert "no 'provenance'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("run_cmd, today_cmd, want", [
+    (["py", "x.py", "--a", "1"], ["py", "x.py", "--a", "1"], []),
+    (["py", "x.py", "--model", "a", "--model", "b"], ["py", "x.py", "--model", "a"],
+     ["`--model`: run `a; b`, today `a`"]),
+    (["py", "x.py", "--no-check"], ["py", "x.py"], ["`--no-check`: run `(set)`, today `absent`"]),
+    (["py", "x.py"], ["py", "y.py"], ["the program: run `py x.py`, today `py y.py`"]),
+])  # fmt: skip
+def test_command_differences_flag_by_flag(run_cmd, today_cmd, want):
+    assert measured.command_differences(run_cmd, today_cmd) == want
+
+
+def test_run_folder_paths_compare_across_checkouts():
+    run = "runs/smollm2-135m-ci"
+    a = measured.portable(["--model", "hf:/tmp/a/runs/smollm2-135m-ci/sft/merged", "--out", "runs/smollm2-135m-ci/x",
+                           "--other", "/tmp/a/runs/smollm2-135m-cix"], run)  # fmt: skip
+    assert a == ["--model", "hf:RUN/sft/merged", "--out", "RUN/x", "--other", "/tmp/a/runs/smollm2-135m-cix"]
+    assert measured.portable(["hf:/srv/k/runs/smollm2-135m-ci/sft/merged"], run) == a[1:2]
