@@ -2,7 +2,7 @@
 SFT model's first reply is a valid tool call far more often than the base model's.
 
 Real parts end to end: drills written and their records built in the local sandbox (``pipeline.drills``: injected
-first mistakes, typed two-stage solutions and recoveries, every record verified), ``train/sft.py`` with the CPU
+first mistakes, whole reference solutions, typed two-stage solutions and recoveries, every record verified), ``train/sft.py`` with the CPU
 recipe (LoRA, bf16 autocast where the CPU has it) for 16 optimiser steps, and the harness's own policy
 (:class:`reterm.policies.transformers_policy.TransformersPolicy`, greedy, the shared 96-token turn) on the first turn
 of the held-out ``test`` instances, parsed by the harness's parser. Stated margin: the base model makes at most
@@ -50,7 +50,8 @@ def test_a_few_sft_steps_raise_valid_first_tool_calls_on_held_out_drills(tmp_pat
     drills = tmp_path / "drills"
     generate_drills(drills, 0, 6, families=FAMILIES, ood_families=[], test_fraction=0.34)
     add_train_instances(drills, 4)
-    build(drills, tmp_path / "data", policies=[], max_turns=3, batch=16, held_out=0.1)
+    build(drills, tmp_path / "data", policies=[], max_turns=3, batch=16, held_out=0.1, injected_per_family=2,
+          reference_per_family=2)
     out = tmp_path / "sft"
     assert _sft_main(["--config", str(REPO / "train/recipes/smollm2-135m/sft.yaml"), "--dataset_name",
                       str(tmp_path / "data"), "--output_dir", str(out), "--max_steps", "16", "--warmup_steps", "2",

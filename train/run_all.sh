@@ -207,13 +207,14 @@ case "$RECIPE:$SIZE" in
     # The embedded default (docs/REPRODUCING.md; not yet timed end to end at these sizes):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
-    # of each family, types 48 whole two-stage solutions and 48 two-stage failed attempts with their recoveries,
+    # of each family and types whole reference solutions on 3 of them (the first turn from the task's start), 48 whole
+    # two-stage solutions and 48 two-stage failed attempts with their recoveries,
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs (bf16 autocast where the CPU has it); 15 GRPO steps of two groups of G=4 each (120 attempts) on the
     # two-stage drills. The evaluation: every one of the 120 in-distribution test instances and 12 held-out-family
     # instances for Pass@1, 20 + 12 injected failure states for Recovery@1 per model.
     DRILL_SIZE=(--per-family 32 --multistage 48)
-    DATA_SIZE=(--own-tasks 24 --injected-per-family 5)
+    DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 3)
     SFT_SIZE=()
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most

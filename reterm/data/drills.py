@@ -318,7 +318,7 @@ def per_family(dirs: list[Path], n: int | None) -> list[Path]:
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
           held_out: float, max_tasks: int | None = None, max_new_tokens: int = 48,
           own_tasks: int | None = None, injected_per_family: int | None = None,
-          extends: Path | None = None) -> dict[str, Any]:  # fmt: skip
+          reference_per_family: int = 0, extends: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
 
     Args:
@@ -330,6 +330,10 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         injected_per_family: bound on the single-stage train instances of each family whose first mistake is
             injected (default all). Multi-stage train instances (:func:`reterm.drills.generate.stage_parts`) give a
             whole reference solution each and one scripted failed attempt of :data:`MULTISTAGE_KINDS` each.
+        reference_per_family: whole reference solutions from the task's start (trained from the first assistant
+            turn) on the first N single-stage train instances of each family: the only records whose trained turns
+            start from the task's start, which the model otherwise sees only after a history of tool calls (a
+            model trained on recoveries alone keeps its base behaviour at the first turn; measured on SmolLM2).
         extends: a dataset folder this build makes the next round of (see the module docstring): its journal
             seeds ``output``'s when ``output`` has none yet; ``extends`` itself is only read.
 
@@ -371,6 +375,9 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     if injected:
         mistakes, teacher = mistake_policy(injected), injected_teacher(injected)
         work.append(("injected", injected, 16, lambda chunk: _batch(mistakes, teacher, chunk, "injected", 2)))
+    whole_single = per_family(single, reference_per_family) if reference_per_family else []
+    if whole_single:
+        work.append(("single:whole", whole_single, 16, _whole_records))
     if multi:
         work.append(("multi:whole", multi, 16, _whole_records))
         for k, kind in enumerate(MULTISTAGE_KINDS):
@@ -463,7 +470,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         "teacher": ", ".join(sorted({r["teacher"] for r in rows})) or "oracle-teacher",
         "config": {"tasks": Path(tasks).name, "max_turns": max_turns,
                    "episodes_by_policy": dict(Counter(
-                       e.get("key", "") if e.get("key", "").startswith("multi:") else "first-mistake"
+                       e.get("key", "") if e.get("key", "").startswith(("multi:", "single:")) else "first-mistake"
                        if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
                        for e in done for _ in e["tasks"])), "batch": batch, "held_out": held_out,
                    "prompt_version": PROMPT_VERSION, "round": round_, "filters_run": ["dedup"],
@@ -492,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
     p.add_argument("--injected-per-family", type=int, default=None,
                    help="inject the first mistake on at most N single-stage train instances per family (default all)")
+    p.add_argument("--reference-per-family", type=int, default=0,
+                   help="also a whole reference solution on N single-stage train instances per family (default 0)")
     p.add_argument("--extends", type=Path, default=None,
                    help="a dataset folder (an earlier round) this one extends; it is read, never rewritten")
     a = p.parse_args(argv)
@@ -499,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p for p in (a.policy if a.policy is not None else ["smollm2"]) if p]
         build(a.tasks, a.output, policies=policies, max_turns=a.max_turns, batch=a.batch,
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
-              own_tasks=a.own_tasks, injected_per_family=a.injected_per_family, extends=a.extends)
+              own_tasks=a.own_tasks, injected_per_family=a.injected_per_family,
+              reference_per_family=a.reference_per_family, extends=a.extends)
     except (FileNotFoundError, ValueError) as exc:
         print(f"pipeline.drills: {exc}", file=sys.stderr)
         return 2
