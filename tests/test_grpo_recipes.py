@@ -108,6 +108,12 @@ def test_standard_recipe_check_runs_from_the_task_start(tmp_path):
     assert all(r["trajectory"]["prefix_len"] == 0 for r in rows)
     assert (done / "adapter_config.json").is_file()  # the CPU recipe trains a LoRA adapter
     _loads_in_the_harness(done, [{"role": "user", "content": "hello"}])
+    # the run's drift diagnostics: KL to the start on its own attempts, gradient norm and advantages per step
+    summary = json.loads((done / "training_summary.json").read_text())
+    kl = summary["kl_to_start"]
+    assert kl["attempts"] == 2 and kl["tokens"] > 0 and kl["kl_k3"] >= 0
+    diag = summary["diagnostics"]
+    assert diag["grad_norm"]["n"] == 1 and diag["advantage_nonzero_share"]["n"] == 1
 
 
 @pytest.mark.parametrize("script", ["grpo", "sft"])

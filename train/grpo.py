@@ -258,6 +258,37 @@ def _finished(checkpoint: str, max_steps: int) -> bool:
     return max_steps > 0 and step >= max_steps
 
 
+def step_diagnostics(log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the optimiser had something to follow, per logged step: the gradient norm (before clipping) and the
+    advantages' mean absolute value and non-zero share (``reterm/advantage_*``, averaged over each step's
+    micro-batches), each as ``{"mean", "max", "n"}`` over the steps that logged it."""
+    out: dict[str, Any] = {}
+    for key, name in (("grad_norm", "grad_norm"), ("reterm/advantage_abs_mean", "advantage_abs_mean"),
+                      ("reterm/advantage_nonzero_share", "advantage_nonzero_share")):  # fmt: skip
+        vals = [float(e[key]) for e in log_history if isinstance(e.get(key), (int, float)) and e[key] == e[key]]
+        out[name] = {"mean": sum(vals) / len(vals), "max": max(vals), "n": len(vals)} if vals else None
+    return out
+
+
+def _kl_to_start(trainer: Any, tokenizer: Any, args: ReTermGRPOConfig, max_attempts: int = 16) -> dict[str, Any] | None:
+    """KL(trained || start) per assistant token on the run's last ``max_attempts`` attempts
+    (:func:`reterm.training.drift.kl_to_start`); ``None`` without a LoRA adapter or saved rollouts."""
+    from reterm.agent.protocol import TOOLS
+    from reterm.training.drift import kl_to_start, last_attempts
+    from reterm.training.likelihood import training_chat_template
+
+    if not hasattr(trainer.model, "disable_adapter") or not args.save_rollouts:
+        return None
+    trajectories = last_attempts(Path(args.output_dir) / "rollouts", max_attempts)
+    if not trajectories:
+        return None
+    kl = kl_to_start(trainer.model, tokenizer, trajectories, tools=TOOLS, chat_template=training_chat_template(tokenizer),
+                     chat_template_kwargs=args.chat_template_kwargs, bf16=bool(args.bf16))  # fmt: skip
+    print(f"[grpo] KL to the start on the last {kl['attempts']} attempts ({kl['tokens']} assistant tokens): "
+          f"k3 {kl['kl_k3']:.4g}, k1 {kl['kl_k1']:.4g} nats/token", file=sys.stderr)
+    return kl
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train; returns 0. Raises ``ValueError`` naming the field for a recipe without model or dataset."""
     from transformers.trainer_utils import get_last_checkpoint
@@ -309,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.accelerator.is_main_process:
         summary = build_summary(script_args, args, model_args, trainer, pool, resolved)
         totals = summary.pop("_totals")
+        summary["kl_to_start"] = _kl_to_start(trainer, tokenizer, args)
+        summary["diagnostics"] = step_diagnostics(trainer.state.log_history)
         write_training_summary(out, summary)
         title = f"{summary['method']}: {summary['base_model']} on {summary['dataset']}"
         write_grpo_curves(trainer.state.log_history, out, title=title)

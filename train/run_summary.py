@@ -327,7 +327,8 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
                 entry.update(signal_attempt_share=sig["all"], signal_attempt_share_by_source=sig["by_source"])
             entry.update(zero_variance_group_share=zv, steps=steps, attempts=ts.get("attempts"),
                          completion_tokens=_completion_tokens(run_dir / name, ts),
-                         reward_first_last=[ts.get("first_reward"), ts.get("final_reward")])  # fmt: skip
+                         reward_first_last=[ts.get("first_reward"), ts.get("final_reward")],
+                         kl_to_start=ts.get("kl_to_start"), diagnostics=ts.get("diagnostics"))  # fmt: skip
         data["models"][name] = entry
         budget = "-" if steps is None else f"{steps} ({entry.get('attempts')}, {entry.get('completion_tokens')})"
         p1, r1 = m.get("pass_at_1") or {}, m.get("recovery_at_1") or {}

@@ -62,8 +62,10 @@ COLUMN_DOCS: dict[str, str] = {
                     "failing step (`target_attempt_index` 1) or the last step of the failed first attempt (2); "
                     "never trained on",
     "failure_category": "error category of the failing step (ReTerm taxonomy id)",
-    "failure_source": "`own` (the policy's own failure) or `injected` (a perturbed prefix)",
-    "injection": "what was perturbed, for injected failures; else empty",
+    "failure_source": "`own` (the policy's own failure), `injected` (a scripted mistake) or `task_start` (a whole "
+                      "reference solution: no failure, `failure_step` -1, `failure_category` `none`)",
+    "injection": "the scripted failure, for injected ones: `first_mistake` (the drill's natural first mistake), "
+                 "`part1_submit`, `part2_mistake`, `part1_mistake` (two-stage drills); else empty",
     "failure_command": "the failing step's command",
     "failure_output": "the failing step's observation, truncated as the model saw it",
     "replay_commands": "bash commands of the prefix, to rebuild the failure state by replay (empty when the "
@@ -334,7 +336,10 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
         parts.append(f"{own:,} from the policy's own failed attempts")
     if injected:
         parts.append(f"{injected:,} from injected mistakes")
-    other = total - own - injected
+    whole = sources.get("task_start", 0)
+    if whole:
+        parts.append(f"{whole:,} whole reference solutions from the task's start (no mistake, `failure_step` -1)")
+    other = total - own - injected - whole
     if other:
         parts.append(f"{other:,} of other sources")
     headline = f"**{total:,} verified recoveries of a terminal agent from failure states: {', '.join(parts)}.**"

@@ -499,7 +499,11 @@ class ReTermGRPOTrainer(GRPOTrainer):
         ``reterm/skipped_microbatch_share``."""
         skip = not return_outputs and self._zero_gradient_batch(model, inputs)
         if model.training:
-            self._metrics["train"]["reterm/skipped_microbatch_share"].append(float(skip))
+            m = self._metrics["train"]
+            m["reterm/skipped_microbatch_share"].append(float(skip))
+            adv = inputs["advantages"].float()
+            m["reterm/advantage_abs_mean"].append(float(adv.abs().mean()))  # |A| of this micro-batch's attempts
+            m["reterm/advantage_nonzero_share"].append(float((adv != 0).float().mean()))
         if not skip:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
