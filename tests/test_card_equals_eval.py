@@ -25,7 +25,6 @@ PUBLISH = Path(__file__).parent / "fixtures" / "publish"
 @pytest.fixture(scope="module")
 def evaluation(tmp_path_factory):
     """RUN/eval/results.json of a real drills evaluation (three scripted models), and the drills folder."""
-    import reterm.policies
     from reterm.agent.episode import load_task
     from reterm.data.drills import read_splits
     from reterm.drills import generate_drills
@@ -47,15 +46,15 @@ def evaluation(tmp_path_factory):
 
     policies = {"nothing": lambda: ScriptedPolicy(lambda m: "I am not sure what to do.", name="nothing"),
                 "half": lambda: ScriptedPolicy(half, name="half"), "oracle": lambda: oracle}  # fmt: skip
-    real = reterm.policies.load_policy
-    reterm.policies.load_policy = lambda spec, **kw: policies[spec]()
+    real = eval_drills.load_policy  # the evaluation's own reference (imported at its top)
+    eval_drills.load_policy = lambda spec, **kw: policies[spec]()
     try:
         rc = eval_drills.main(["--tasks", str(tasks), "--model", "base=nothing", "--model", "sft=half",
                                "--model", "grpo-reterm=oracle", "--output", str(root / "run" / "eval"),
                                "--max-turns", "8", "--batch", "8", "--max-ood", "4", "--own-items", "3",
                                "--k-max", "2"])  # fmt: skip
     finally:
-        reterm.policies.load_policy = real
+        eval_drills.load_policy = real
     assert rc == 0
     return root / "run", json.loads((root / "run" / "eval" / "results.json").read_text())
 

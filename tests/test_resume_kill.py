@@ -146,7 +146,7 @@ def slow(messages):
 
 policies = {"nothing": lambda: ScriptedPolicy(lambda m: "I am not sure.", name="nothing"),
             "slow-oracle": lambda: ScriptedPolicy(slow, name="slow-oracle")}
-reterm.policies.load_policy = lambda spec, **kw: policies[spec]()
+drills.load_policy = lambda spec, **kw: policies[spec]()  # the evaluation's own reference
 sys.exit(drills.main(["--tasks", tasks, "--model", "base=nothing", "--model", "sft=slow-oracle",
                       "--output", sys.argv[2], "--max-turns", "8", "--batch", "4", "--own-items", "2", "--k-max", "1"]))
 '''
