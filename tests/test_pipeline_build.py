@@ -172,3 +172,42 @@ def test_sigkill_at_random_points_then_resume_gives_the_same_records(uninterrupt
         sorted(p.name for p in (ref / ".pipeline/units/recovery").iterdir())
     assert len(list((out / ".pipeline/jobs/rollout").glob("*/result.json"))) == \
         len(list((ref / ".pipeline/jobs/rollout").glob("*/result.json")))
+
+
+# One scripted failed attempt per task, no injection, one recovery attempt per state: the release's
+# attempt-level protocol through the whole build.
+ATTEMPT_CONFIG = {
+    **CONFIG,
+    "name": "pipeline-attempt-level",
+    "tasks": {"path": "tasks", "names": ["replace-missing-jq"]},
+    "rollout": {**CONFIG["rollout"], "concurrency": 1},
+    "injection": {"enabled": False},
+    "recovery": {"attempts": 1, "max_turns": 12},
+}
+
+
+def test_build_writes_attempt_level_records_through_the_attempt_protocol(tmp_path):
+    from reterm.agent.protocol import FEEDBACK_MESSAGE
+    from reterm.data.build import build
+    from reterm.data.config import PipelineConfig
+    from reterm.record_features import FEATURES
+    from reterm.records import RELEASE_COLUMNS
+    from reterm.recovery.state import State
+
+    cfg = PipelineConfig.model_validate(ATTEMPT_CONFIG)
+    result = build(cfg, tmp_path / "out")
+    rows = _rows(result.output)
+    assert rows, "the scripted failed attempt gave no record"
+    assert list(FEATURES)[:6] == list(RELEASE_COLUMNS)
+    for r in rows:
+        assert list(r)[:6] == list(RELEASE_COLUMNS)
+        assert r["target_attempt_index"] == 2
+        k = r["train_from_message_index"]
+        # the history is the whole failed attempt (both scripted commands, then submit), the feedback message
+        # answering the submit; training starts at the first assistant turn after it
+        assert r["messages"][k - 1]["content"] == FEEDBACK_MESSAGE
+        assert r["messages"][k - 1]["role"] in ("tool", "user")
+        assert r["messages"][k]["role"] == "assistant"
+        assert "jq -r" in json.dumps(r["messages"][:k]) and r["failure_source"] == "own"
+        state = State.from_record(r)
+        assert state.level == "attempt" and state.id == r["trajectory_id"]

@@ -3,11 +3,14 @@
 Builds a ReTerm-10K-style recovery dataset in ``DIR``:
 
 1. **rollout** (:mod:`reterm.data.rollout`): the policy on the train tasks, k attempts each, as a Harbor job;
-2. **failures** (:mod:`reterm.data.failures`): failure states of the failed trials (infrastructure faults
-   set apart), localised and classified by :mod:`reterm.recovery`;
+2. **failures** (:mod:`reterm.data.failures`): the attempt-level failure state of each failed trial
+   (infrastructure faults set apart; :func:`reterm.recovery.attempts.attempt_end_state`: the whole attempt, then
+   the feedback message, as in the drills pipeline), its category from :mod:`reterm.recovery`'s localiser;
    **injection** (:mod:`reterm.data.inject`): more failure states from perturbed successful trajectories;
-3. **recovery** (:mod:`reterm.data.recover`): N attempts forked from each failure state with the recovery
-   policy (:mod:`reterm.data.teacher`), through the kit's harness;
+3. **recovery** (:mod:`reterm.data.recover`): the state rebuilt by
+   :func:`reterm.recovery.materialize.materialize` (the attempt's commands typed again, then forks), N recovery
+   attempts with the recovery policy (:mod:`reterm.data.teacher`) through the kit's harness; records are
+   attempt-level (``target_attempt_index`` 2, trained from the first assistant turn after the feedback);
 4. the verifier on each attempt (same stage): verified recoveries become candidate records, failed
    attempts are kept apart;
 5. **filters** (:mod:`reterm.data.filters`, :mod:`reterm.data.replay_check`): quality (incl. a replay check in a fresh
@@ -99,11 +102,11 @@ def stage_rollout(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]) 
     return load_rollouts(job_dir, allowed)
 
 
-def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any) -> list[Any]:
+def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any, tasks: list[TaskInfo]) -> list[Any]:
     if not journal.done("failures"):
         st = _Stage(journal, "failures")
-        _say(f"stage 2/6 failures: localising {len(rollouts.failed)} failed trials")
-        mined = mine_states(rollouts.failed, cfg.failures)
+        _say(f"stage 2/6 failures: the attempt-level failure states of {len(rollouts.failed)} failed trials")
+        mined = mine_states(rollouts.failed, cfg.failures, {t.id: t.path for t in tasks})
         by_traj = {t.metadata["trajectory_id"]: t for t in rollouts.failed}
         items = []
         for s in mined.states:
@@ -188,7 +191,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                 traj = await inject.run_commands(task_dirs[src.task_id], list(p.commands), env, ic.command_timeout,
                                                  "scripted", instruction=src.instruction)  # fmt: skip
                 with_id(traj)
-                state, why = inject.injected_state(traj, p)
+                state, why = inject.injected_state(traj, p, task_dirs[src.task_id])
                 origin = "the reference solution" if src.policy == "oracle" else f"a successful rollout of {src.policy}"
                 journal.write_unit("injected", key, {
                     "perturbation": p.to_json(), "source_trajectory": src.metadata["trajectory_id"],
@@ -323,7 +326,7 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
     task_by_id = {t.id: t for t in tasks}
 
     rollouts = stage_rollout(cfg, journal, tasks)
-    own = stage_failures(cfg, journal, rollouts)
+    own = stage_failures(cfg, journal, rollouts, tasks)
     injected = stage_injection(cfg, journal, tasks, rollouts)
     items = choose_items(own + injected, cfg.recovery.max_states)
     units = stage_recovery(cfg, journal, items, tasks)
