@@ -50,7 +50,7 @@ from reterm.data.state import ConfigMismatchError, Journal
 from reterm.data.tasks import TaskInfo, benchmark_tasks, check_tasks, eval_tasks, select_tasks
 from reterm.data.teacher import OracleGuidedTeacher, load_recovery_policy
 from reterm.io import write_text_atomic
-from reterm.recovery import FailureState
+from reterm.recovery.state import Source, State
 from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger("pipeline")
@@ -111,8 +111,8 @@ def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any, tasks: 
         items = []
         for s in mined.states:
             traj = by_traj[s.trajectory_id]
-            items.append(WorkItem(s, traj.instruction, "own", traj.policy or cfg.rollout.policy,
-                                  cfg.rollout.command_timeout).to_json())  # fmt: skip
+            items.append(WorkItem(State.from_failure_state(s, traj, Source.OWN), traj.instruction, "own",
+                                  traj.policy or cfg.rollout.policy, cfg.rollout.command_timeout).to_json())  # fmt: skip
         journal.write_unit("failures", "states", {"items": items})
         st.finish(mined.summary())
     return [WorkItem.from_json(d) for d in journal.read_unit("failures", "states")["items"]]
@@ -191,13 +191,14 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                 traj = await inject.run_commands(task_dirs[src.task_id], list(p.commands), env, ic.command_timeout,
                                                  "scripted", instruction=src.instruction)  # fmt: skip
                 with_id(traj)
-                state, why = inject.injected_state(traj, p, task_dirs[src.task_id])
+                fs, why = inject.injected_state(traj, p, task_dirs[src.task_id])
+                state = State.from_failure_state(fs, traj, Source.INJECTED) if fs is not None else None
                 origin = "the reference solution" if src.policy == "oracle" else f"a successful rollout of {src.policy}"
                 journal.write_unit("injected", key, {
                     "perturbation": p.to_json(), "source_trajectory": src.metadata["trajectory_id"],
                     "source_policy": src.policy, "origin": origin, "instruction": src.instruction,
                     "trajectory": traj.model_dump(mode="json"),
-                    "state": state.model_dump(mode="json") if state is not None else None, "reason": why,
+                    "state": state.to_json() if state is not None else None, "reason": why,
                     "infra": traj.outcome.is_infra_fault,
                 })  # fmt: skip
                 bar.update(1)
@@ -223,7 +224,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
     for k in journal.read_unit("injection", "plan")["keys"]:
         u = journal.read_unit("injected", k)
         if u["state"]:
-            state = FailureState.model_validate(u["state"])
+            state = State.from_json(u["state"])
             items.append(WorkItem(state, u["instruction"], "injected", u["source_policy"], ic.command_timeout,
                                   f"{u['perturbation']['description']} (perturbed {u['origin']})"))  # fmt: skip
     return items
