@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
-from reterm.agent.protocol import FEEDBACK_MESSAGE
+from reterm.agent.protocol import FEEDBACK_MESSAGE, SYSTEM_PROMPT
 from reterm.recovery.localise import FailureState, localise
 from reterm.recovery.materialize import materialize
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import Source, State, state_id_of
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -107,11 +107,22 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     )  # fmt: skip
 
 
-async def _start(task_dir: Path, state: FailureState | None = None, snapshot: Any = None) -> Any:
+def as_state(state: FailureState | State, task_dir: Path, source: str = Source.OWN) -> State:
+    """``state`` as a :class:`State` (a localiser's ``FailureState`` converted, its history shown after the kit's
+    system prompt and the task's instruction, as :func:`run_attempts` shows it)."""
+    if isinstance(state, State):
+        return state
+    task = load_task(task_dir)
+    head = Trajectory(task_id=state.task_id, instruction=task.instruction, system_prompt=SYSTEM_PROMPT)
+    return State.from_failure_state(state, head, source)
+
+
+async def _start(task_dir: Path, state: FailureState | State | None = None, snapshot: Any = None) -> Any:
     from reterm.sandbox.local import LocalEnvironment
 
     if snapshot is not None:  # the state's snapshot, forked (the one rebuild: reterm.recovery.materialize)
-        return (await materialize(state, 1, None, method="snapshot", snapshot=snapshot)).environments[0]
+        made = await materialize(as_state(state, task_dir), 1, None, method="snapshot", snapshot=snapshot)
+        return made.environments[0]
     env = LocalEnvironment.for_task(task_dir)
     await env.start(force_build=False)
     return env
@@ -121,7 +132,7 @@ async def run_attempts(
     policy: Any,
     task_dirs: Sequence[str | Path],
     *,
-    states: Sequence[FailureState | None] | None = None,
+    states: Sequence[FailureState | State | None] | None = None,
     snapshots: Sequence[Any] | None = None,
     max_turns: int = 4,
     command_timeout_s: float = 15.0,

@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.agent.terminal import TerminalSession
-from reterm.recovery.localise import FailureState
 from reterm.recovery.state import State
+from reterm.trajectory import Step
 
 logger = logging.getLogger(__name__)
 
@@ -94,15 +94,17 @@ def can_fork(environment: Any) -> bool:
     return callable(getattr(environment, "fork", None)) and callable(getattr(environment, "snapshot", None))
 
 
-async def type_history(session: TerminalSession, state: State | FailureState, default_timeout: float) -> None:
-    """Type the bash commands of ``state.history`` into ``session`` with their recorded timeouts
-    (``state.replay_timeouts``, else each step's ``action.timeout``; ``None``: ``default_timeout``, seconds).
+async def type_history(session: TerminalSession, history: Sequence[Step], default_timeout: float,
+                       timeouts: Sequence[float | None] = ()) -> None:  # fmt: skip
+    """Type the bash commands of ``history`` (a state's steps, or the part after a parent state's) into
+    ``session`` with their recorded timeouts (``timeouts``, one per bash command, e.g. ``State.replay_timeouts``;
+    else each step's ``action.timeout``; ``None``: ``default_timeout``, seconds).
 
     Raises:
         Diverged: a command's exit status or time-out differs from the recorded step (message says which).
     """
-    steps = [s for s in state.history if s.command]
-    timeouts = list(getattr(state, "replay_timeouts", None) or [])
+    steps = [s for s in history if s.command]
+    timeouts = list(timeouts)
     timeouts += [s.action.timeout if s.action else None for s in steps[len(timeouts):]]
     for i, (step, timeout) in enumerate(zip(steps, timeouts)):
         result = await session.run(step.command or "", timeout=timeout or default_timeout)
@@ -129,7 +131,7 @@ async def user_processes(environment: Any) -> list[str]:
     return out
 
 
-async def _rebuild(make_environment: MakeEnvironment, state: State | FailureState, tag: str, default_timeout: float,
+async def _rebuild(make_environment: MakeEnvironment, state: State, tag: str, default_timeout: float,
                    stop: Callable[[Any], Awaitable[None]] | None) -> tuple[Any, TerminalSession]:  # fmt: skip
     env = make_environment(tag)
     if asyncio.iscoroutine(env):
@@ -137,7 +139,7 @@ async def _rebuild(make_environment: MakeEnvironment, state: State | FailureStat
     try:
         await env.start(force_build=False)
         session = await TerminalSession.start(env)
-        await type_history(session, state, default_timeout)
+        await type_history(session, state.history, default_timeout, state.replay_timeouts)
     except BaseException:
         await _stop(env, stop)
         raise
@@ -145,7 +147,7 @@ async def _rebuild(make_environment: MakeEnvironment, state: State | FailureStat
 
 
 async def materialize(
-    state: State | FailureState,
+    state: State,
     n: int,
     make_environment: MakeEnvironment | None,
     *,
@@ -158,8 +160,7 @@ async def materialize(
 
     Args:
         state: the failure state: its ``history`` (steps with commands and recorded exit statuses),
-            ``replay_timeouts`` and, for a :class:`reterm.recovery.state.State`, its ``snapshot`` (a localiser's
-            :class:`reterm.recovery.localise.FailureState` is accepted while the data stage still passes one).
+            ``replay_timeouts`` and ``snapshot``.
         n: how many environments (>= 1).
         make_environment: ``make_environment(tag)`` -> a new, not started environment of the state's task
             (may be ``None`` with a snapshot).
@@ -180,11 +181,11 @@ async def materialize(
         raise ValueError(f"materialize: n must be >= 1, got {n}")
     if method not in METHODS:
         raise ValueError(f"materialize: method {method!r} is not one of {METHODS}")
-    snapshot = snapshot if snapshot is not None else getattr(state, "snapshot", None)
+    snapshot = snapshot if snapshot is not None else state.snapshot
     out = Materialized(stop_environment=stop_environment)
     if method == "snapshot" or (method == "auto" and snapshot is not None):
         if snapshot is None:
-            raise ValueError(f"materialize: method 'snapshot' but failure state {getattr(state, 'id', '?')} has none")
+            raise ValueError(f"materialize: method 'snapshot' but failure state {state.id} has none")
         from reterm.sandbox.local import LocalEnvironment
 
         out.environments = list(await LocalEnvironment.from_snapshot(snapshot, n))

@@ -41,7 +41,7 @@ from reterm.agent.protocol import FEEDBACK_MESSAGE, initial_messages
 from reterm.policies.transformers_policy import template_messages
 from reterm.recovery import localise
 from reterm.recovery.attempts import with_feedback
-from reterm.recovery.state import State, state_id
+from reterm.recovery.state import Level, Source, State, state_id
 from reterm.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,9 @@ class PoolState:
         prompt: the chat messages of the history (``[system, user(instruction), assistant, tool, ...]``,
             tool-call arguments as mappings), ending with the failing step's observation.
         category: the failure category (:class:`reterm.recovery.Category` id; ``""`` for a task start).
-        source: ``seed`` | ``online`` | ``task_start``.
+        source: the pool's own notion of where the entry came from: ``seed`` (the dataset) | ``online`` |
+            ``task_start``; :attr:`state` carries the :class:`reterm.recovery.state.Source`.
+        failure_source: for a seed, its record's ``failure_source`` (``own`` | ``injected``).
         parent_id: for an online state, the state its attempt started from (its snapshot, when cached,
             is the cheapest start for rebuilding this one).
         created_step: optimiser step at which an online state was found (``-1`` for others).
@@ -100,6 +102,20 @@ class PoolState:
     source: str = "seed"
     parent_id: str = ""
     created_step: int = -1
+    failure_source: str = "own"
+
+    @cached_property
+    def state(self) -> State:
+        """This entry's failure state (:class:`reterm.recovery.state.State`: id, history, category, source,
+        level; attempt-level when the prompt ends with the feedback message). The pool fields (task folder,
+        parent, step created) stay on this entry."""
+        source = {"online": Source.ONLINE, "task_start": Source.TASK_START}.get(self.source, self.failure_source)
+        last = self.prompt[-1] if len(self.prompt) > 2 else {}
+        level = Level.ATTEMPT if str(last.get("content") or "").strip() == FEEDBACK_MESSAGE else Level.IN_ATTEMPT
+        bash = [s for s in self.history if s.command is not None]
+        return State(id=self.state_id, task_id=self.task_id, messages=self.prompt, category=self.category or "other",
+                     source=source, level=level, history=self.history, replay_commands=[s.command or "" for s in bash],
+                     replay_timeouts=[s.action.timeout if s.action else None for s in bash])  # fmt: skip
 
     @cached_property
     def trajectory(self) -> Trajectory:
@@ -137,7 +153,7 @@ class PoolState:
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (checkpoints); :meth:`from_json` reverses it."""
         return {k: getattr(self, k) for k in ("state_id", "task_id", "task_dir", "prompt", "category", "source",
-                                              "parent_id", "created_step")}  # fmt: skip
+                                              "parent_id", "created_step", "failure_source")}  # fmt: skip
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "PoolState":
@@ -225,7 +241,8 @@ def seed_states_from_records(
             skipped["duplicate"] += 1
             continue
         state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=read.messages,
-                          category=record.get("failure_category") or "", source="seed")  # fmt: skip
+                          category=record.get("failure_category") or "", source="seed",
+                          failure_source=read.source.value)  # fmt: skip
         why = _check_prompt(state)
         if why is not None:
             skipped[why] += 1

@@ -149,8 +149,6 @@ async def replay_history(env: Any, task_dir: str | Path, steps: Sequence[Step], 
         StateRebuildError: ``diverged`` when an exit status or timeout differs from the record,
             ``sandbox`` when the environment or terminal failed.
     """
-    from types import SimpleNamespace
-
     if not any(s.command for s in steps):
         return
     try:
@@ -158,7 +156,7 @@ async def replay_history(env: Any, task_dir: str | Path, steps: Sequence[Step], 
     except Exception as exc:
         raise StateRebuildError("sandbox", f"{type(exc).__name__}: {exc}") from exc
     try:
-        await type_history(session, SimpleNamespace(history=list(steps)), command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S)
+        await type_history(session, steps, command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S)
     except Diverged as exc:
         raise StateRebuildError("diverged", str(exc)) from exc
     except Exception as exc:
@@ -319,10 +317,8 @@ class RolloutEngine:
 
         # replay path (materialize, method replay): n fresh environments, each replayed; any divergence drops
         # the group (its advantages need all n attempts)
-        from types import SimpleNamespace
-
         try:
-            made = await materialize(SimpleNamespace(id=state.state_id, history=state.history), n,
+            made = await materialize(state.state, n,
                                      lambda tag: self._new_environment(state.task_dir), method="replay",
                                      default_timeout=self.settings.command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S,
                                      stop_environment=self._stop)  # fmt: skip
