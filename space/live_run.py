@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import Level, Source, State
 from reterm.trajectory import Outcome, Step, Trajectory
 
 MAX_FORKS = 8
@@ -408,8 +408,10 @@ def turn_line(label: str, step: Step) -> str:
 class LiveState:
     """What a live run has done so far (rendered after every event).
 
-    ``main`` is the episode (its steps so far); ``failure_*`` describe the failure state the attempts
-    were forked from; ``attempts`` are filled in place while they run. ``timeline`` holds
+    ``main`` is the episode (its steps so far); ``failure`` is the failure state the attempts were forked
+    from (a :class:`reterm.recovery.state.State`, named by its ``state_id`` like in the dataset, the GRPO pool
+    and the eval); ``failure_step``/``failure_category``/``failure_evidence`` mark the first failure as soon as
+    it is seen (before any fork); ``attempts`` are filled in place while they run. ``timeline`` holds
     ``(seconds since start, text)`` lines.
     """
 
@@ -419,7 +421,7 @@ class LiveState:
     failure_step: int | None = None
     failure_category: str | None = None
     failure_evidence: str = ""
-    failure_id: str | None = None  # reterm.recovery.state.state_id of the history the attempts continue
+    failure: State | None = None
     forked_at_end: bool = False
     attempts: list[Trajectory] = field(default_factory=list)
     timeline: list[tuple[float, str]] = field(default_factory=list)
@@ -430,6 +432,11 @@ class LiveState:
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
     t0: float = field(default_factory=time.monotonic)
     fork_s: float | None = None
+
+    @property
+    def failure_id(self) -> str | None:
+        """The ``state_id`` of the failure state the attempts continue (``None`` before the fork)."""
+        return self.failure.id if self.failure is not None else None
 
     def log(self, text: str) -> None:
         self.timeline.append((time.monotonic() - self.t0, text))
@@ -690,12 +697,13 @@ class LiveRun:
         self.envs.remove(env)
         await self._settle(env.stop(delete=True))
 
-        # the failure state's id: the one the dataset, GRPO and the eval give the same history
-        st.failure_id = state_id_of(main, history)
+        # the failure state, named by the id the dataset, GRPO and the eval give the same history
+        # the attempts continue the episode (no feedback message, even when forked at its end): in-attempt
+        st.failure = State.from_history(main, history, category=st.failure_category or "other", source=Source.OWN,
+                                        level=Level.IN_ATTEMPT)  # fmt: skip
         st.log(f"failure state {st.failure_id}")
-        failure_id = f"{st.run_id}:{st.failure_step}"  # one fan-out per run in the replay view
         specs = [EpisodeSpec(f, task, history=history, instruction=req.instruction,
-                             metadata={"space_run": st.run_id, "failure_state": failure_id, "state_id": st.failure_id,
+                             metadata={"space_run": st.run_id, "failure_state": st.failure_id, "state_id": st.failure_id,
                                        "attempt": k, "failure_step": st.failure_step, "failure_category": st.failure_category,
                                        "failure_evidence": st.failure_evidence, "source_policy": self.policy.name})
                  for k, f in enumerate(forks)]  # fmt: skip
