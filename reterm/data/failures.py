@@ -2,7 +2,7 @@
 
 Each failed attempt is one failure state, made by :func:`reterm.recovery.attempts.attempt_end_state` (the
 function the drills pipeline and the drills evaluation use): the whole attempt as history, the versioned
-feedback message on its last step, ``level="attempt_end"``; its records get ``target_attempt_index = 2`` and
+feedback message on its last step, ``level=Level.ATTEMPT``; its records get ``target_attempt_index = 2`` and
 train from the first assistant turn after the feedback message. Its category is the one
 :func:`reterm.recovery.localise_many` gives the attempt's first consequential failing step (rules, or rules
 and ``failures.judge``), else the task's declared category.
@@ -68,7 +68,7 @@ def mine_states(failed: list[Trajectory], cfg: FailuresConfig, task_dirs: dict[s
         task_dirs: task id -> task folder (the declared category of an attempt without a failing step).
 
     Returns:
-        :class:`MinedStates`, states (``level="attempt_end"``) sorted by (task, id).
+        :class:`MinedStates`, states (``level=Level.ATTEMPT``) sorted by (task, id).
 
     Raises:
         KeyError: a trajectory's task is not in ``task_dirs``.

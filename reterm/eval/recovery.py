@@ -41,7 +41,7 @@ from reterm.policies import load_policy
 from reterm.recovery.localise import FailureState, localise_many
 from reterm.recovery.materialize import materialize
 from reterm.recovery.metrics import attempt_recovery, in_trial_recovery
-from reterm.recovery.state import Level, State
+from reterm.recovery.state import State
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Trajectory
 
@@ -151,7 +151,7 @@ def states_from_records(path: str | Path) -> list[Any]:
                 confidence=1.0, source="record", command=row.get("failure_command") or None,
                 output=row.get("failure_output") or "", history=history, history_len=len(history),
                 replay_commands=replay, replay_timeouts=[None] * len(replay),
-                level="attempt_end" if st.level is Level.ATTEMPT else "first_failing_step",
+                level=st.level,
             ))  # fmt: skip
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path}: record {rid}: not a usable failure state ({exc})") from exc

@@ -9,7 +9,7 @@ one feedback message (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`, versioned;
 tests) carried by the attempt's last step (``step.extra["feedback"]``, rendered by
 :func:`reterm.agent.protocol.step_messages`).
 
-The failure state is one :class:`reterm.recovery.localise.FailureState` with ``level="attempt_end"``,
+The failure state is one :class:`reterm.recovery.localise.FailureState` with ``level=Level.ATTEMPT``,
 ``history`` = the whole attempt (feedback on its last step), ``snapshot_id`` = the local sandbox snapshot;
 its ``category`` is the localiser's (the first consequential failing step), or the task's declared category
 when the localiser finds no failing step (e.g. only parse errors).
@@ -32,7 +32,7 @@ from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verif
 from reterm.agent.protocol import FEEDBACK_MESSAGE, SYSTEM_PROMPT
 from reterm.recovery.localise import FailureState, localise
 from reterm.recovery.materialize import materialize
-from reterm.recovery.state import Source, State, state_id_of
+from reterm.recovery.state import Level, Source, State, state_id_of
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -80,7 +80,7 @@ def with_feedback(steps: Sequence[Step], feedback: str = FEEDBACK_MESSAGE) -> li
 
 
 def attempt_end_state(attempt: Attempt) -> FailureState:
-    """The attempt-level :class:`FailureState` of a failed attempt (``level="attempt_end"``).
+    """The attempt-level :class:`FailureState` of a failed attempt (``level=Level.ATTEMPT``).
 
     Raises:
         ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step.
@@ -103,7 +103,7 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
         exit_status=primary.exit_status if primary else last.exit_status,
         history=history, history_len=len(history), replay_commands=commands, replay_timeouts=timeouts,
         snapshot_id=attempt.snapshot.id if attempt.snapshot is not None else None,
-        trial_passed=False, primary=True, level="attempt_end",
+        trial_passed=False, primary=True, level=Level.ATTEMPT,
     )  # fmt: skip
 
 

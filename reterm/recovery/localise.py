@@ -42,12 +42,12 @@ import difflib
 import re
 from typing import Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from reterm.recovery import shell
 from reterm.recovery.classify import Classification, StepRecord, running_program
 from reterm.recovery.judge import Classifier
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import Level, state_id_of
 from reterm.recovery.taxonomy import Category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -86,9 +86,10 @@ class FailureState(BaseModel):
         consequential: not resolved later in the trajectory.
         primary: the failure state of this trajectory (see module docstring).
         trial_passed: the verifier's verdict on the trajectory (``None`` when unscored).
-        level: ``attempt_end`` (the release's protocol: the files a whole failed attempt left, recovered by a
-            second attempt after a feedback message; :mod:`reterm.recovery.attempts`) or
-            ``first_failing_step`` (the recovery continues the same attempt after its failing step).
+        level: a :class:`reterm.recovery.state.Level` (the one spelling): ``attempt`` (the release's protocol:
+            the files a whole failed attempt left, recovered by a second attempt after a feedback message;
+            :mod:`reterm.recovery.attempts`) or ``in_attempt`` (the recovery continues the same attempt after
+            its failing step). The older words ``attempt_end`` / ``first_failing_step`` are read as these.
     """
 
     id: str
@@ -114,7 +115,12 @@ class FailureState(BaseModel):
     consequential: bool = True
     primary: bool = False
     trial_passed: bool | None = None
-    level: Literal["first_failing_step", "attempt_end"] = "first_failing_step"
+    level: Level = Level.IN_ATTEMPT
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _level(cls, value: object) -> Level:
+        return Level.parse(value)
 
 
 class InfraTag(BaseModel):

@@ -57,8 +57,8 @@ class Level(StrEnum):
 
     @classmethod
     def parse(cls, value: Any) -> "Level":
-        """A :class:`Level` from its value, or from the localiser's words for it
-        (:attr:`reterm.recovery.localise.FailureState.level`: ``attempt_end``, ``first_failing_step``).
+        """A :class:`Level` from its value, or from the older words for it (``attempt_end``,
+        ``first_failing_step``: how journals and checkpoints written before the one spelling name it).
 
         Raises:
             ValueError: any other value (the known ones are named).
@@ -84,7 +84,7 @@ class Source(StrEnum):
 LEVELS: tuple[str, ...] = tuple(m.value for m in Level)
 SOURCES: tuple[str, ...] = tuple(m.value for m in Source)
 
-#: FailureState.level (reterm.recovery.localise) -> Level value
+#: the older words for a level -> Level value
 _LOCALISE_LEVEL = {"attempt_end": "attempt", "first_failing_step": "in_attempt"}
 
 #: columns :meth:`State.to_record` derives from the state (a caller cannot set them)

@@ -141,13 +141,17 @@ class PoolState:
         return [s.command for s in self.history if s.command is not None]
 
     def row(self) -> dict[str, Any]:
-        """The TRL dataset row of this state (``prompt`` is what TRL logs; the rest routes the group)."""
+        """The TRL dataset row of this state (``prompt`` is what TRL logs; the rest routes the group):
+        ``state_source`` is the state's :class:`reterm.recovery.state.Source` value (own, injected, online,
+        task_start; the spelling of the dataset and the eval), ``pool_origin`` the pool's own (seed, online,
+        task_start)."""
         return {
             "prompt": self.prompt,
             "task_id": self.task_id,
             "state_id": self.state_id,
             "failure_category": self.category,
-            "state_source": self.source,
+            "state_source": self.state.source.value,
+            "pool_origin": self.source,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -390,7 +394,8 @@ class FailurePool:
         from datasets import Dataset, Features, Json, List, Value
 
         features = Features({"prompt": List(Json()), "task_id": Value("string"), "state_id": Value("string"),
-                             "failure_category": Value("string"), "state_source": Value("string")})  # fmt: skip
+                             "failure_category": Value("string"), "state_source": Value("string"),
+                             "pool_origin": Value("string")})  # fmt: skip
         return Dataset.from_list([s.row() for s in self.seeds], features=features)
 
     def get(self, state_id: str) -> PoolState:
