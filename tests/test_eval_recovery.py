@@ -66,7 +66,7 @@ def test_states_from_records(records):
     states = recovery.states_from_records(records)
     ids = _ids(records)
     assert [s.id for s in states] == [ids["in-app"], ids["in-tmp"]] and len(set(ids.values())) == 2
-    assert [s.trajectory_id for s in states] == ["in-app", "in-tmp"]
+    assert [s.origin_id for s in states] == ["in-app", "in-tmp"]
     assert states[0].history_len == 3 and all(s.from_history for s in states[0].history)
     assert states[0].history[2].command == "cat hello.txt" and states[0].replay_commands[0] == "cd /app"
     assert [s.id for s in recovery.select_states(states, 1)] == [ids["in-app"]]  # round-robin: first category

@@ -44,7 +44,7 @@ def _trajectory(steps: list[tuple[str, int, str]]) -> Trajectory:
                     exit_status=s) for i, (c, s, o) in enumerate(steps)]  # fmt: skip
     history.append(Step(index=len(history), model_text="", action=Action(tool="submit")))
     traj = Trajectory(task_id=TASK.name, instruction=(TASK / "instruction.md").read_text(), system_prompt=SYSTEM_PROMPT,
-                      steps=history, metadata={"trajectory_id": "t"})  # fmt: skip
+                      steps=history, metadata={"rollout_id": "t"})  # fmt: skip
     traj.set_reward(0.0)
     return traj
 

@@ -25,7 +25,7 @@ def _item(steps: list[tuple[str, int, str]]) -> WorkItem:
                     exit_status=s) for i, (c, s, o) in enumerate(steps)]  # fmt: skip
     history.append(Step(index=len(history), model_text="", action=Action(tool="submit")))
     traj = Trajectory(task_id=TASK.name, instruction=(TASK / "instruction.md").read_text(), system_prompt=SYSTEM_PROMPT,
-                      steps=history, reward=0.0, outcome=Outcome.FAILURE, metadata={"trajectory_id": "t"})  # fmt: skip
+                      steps=history, reward=0.0, outcome=Outcome.FAILURE, metadata={"rollout_id": "t"})  # fmt: skip
     state = localise(traj).primary
     assert state is not None
     return WorkItem(state, traj.instruction, "own", "scripted", 10.0)

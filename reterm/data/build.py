@@ -107,10 +107,10 @@ def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any, tasks: 
         st = _Stage(journal, "failures")
         _say(f"stage 2/6 failures: the attempt-level failure states of {len(rollouts.failed)} failed trials")
         mined = mine_states(rollouts.failed, cfg.failures, {t.id: t.path for t in tasks})
-        by_traj = {t.metadata["trajectory_id"]: t for t in rollouts.failed}
+        by_traj = {t.metadata["rollout_id"]: t for t in rollouts.failed}
         items = []
         for s in mined.states:
-            traj = by_traj[s.trajectory_id]
+            traj = by_traj[s.origin_id]
             items.append(WorkItem(State.from_failure_state(s, traj, Source.OWN), traj.instruction, "own",
                                   traj.policy or cfg.rollout.policy, cfg.rollout.command_timeout).to_json())  # fmt: skip
         journal.write_unit("failures", "states", {"items": items})
@@ -181,7 +181,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                     if ps and chosen < ic.per_task:
                         plan.append((src, ps.pop(0)))
                         chosen += 1
-        keys = [p.key(src.metadata["trajectory_id"]) for src, p in plan]
+        keys = [p.key(src.metadata["rollout_id"]) for src, p in plan]
         todo = [(k, src, p) for k, (src, p) in zip(keys, plan) if not journal.has_unit("injected", k)]
         bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="injected runs", unit="run")
         task_dirs = {t.id: t.path for t in tasks}
@@ -195,7 +195,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                 state = State.from_failure_state(fs, traj, Source.INJECTED) if fs is not None else None
                 origin = "the reference solution" if src.policy == "oracle" else f"a successful rollout of {src.policy}"
                 journal.write_unit("injected", key, {
-                    "perturbation": p.to_json(), "source_trajectory": src.metadata["trajectory_id"],
+                    "perturbation": p.to_json(), "source_trajectory": src.metadata["rollout_id"],
                     "source_policy": src.policy, "origin": origin, "instruction": src.instruction,
                     "trajectory": traj.model_dump(mode="json"),
                     "state": state.to_json() if state is not None else None, "reason": why,

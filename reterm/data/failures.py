@@ -63,7 +63,7 @@ def mine_states(failed: list[Trajectory], cfg: FailuresConfig, task_dirs: dict[s
     """One attempt-level failure state per failed trajectory (one batched classifier call for the categories).
 
     Args:
-        failed: trajectories with outcome ``FAILURE`` and ``metadata["trajectory_id"]`` set.
+        failed: trajectories with outcome ``FAILURE`` and ``metadata["rollout_id"]`` set.
         cfg: the step-selection mode whose first state labels the attempt, optional judge.
         task_dirs: task id -> task folder (the declared category of an attempt without a failing step).
 

@@ -250,7 +250,7 @@ def commands_of(traj: Trajectory) -> list[str]:
 def choose(traj: Trajectory, kinds: list[str], n: int, seed: int) -> list[Perturbation]:
     """Up to ``n`` perturbations of ``traj``, spread over ``kinds`` (round robin, seeded by ``seed`` and the
     trajectory's task), each a distinct command list."""
-    base = hashlib.sha256(f"{seed}:{traj.task_id}:{traj.metadata.get('trajectory_id', '')}".encode()).hexdigest()
+    base = hashlib.sha256(f"{seed}:{traj.task_id}:{traj.metadata.get('rollout_id', '')}".encode()).hexdigest()
     cmds = commands_of(traj)
     pools = []
     for kind in kinds:

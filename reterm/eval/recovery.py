@@ -132,7 +132,7 @@ def states_from_records(path: str | Path) -> list[Any]:
 
     The state is :meth:`reterm.recovery.state.State.from_record` (its id is the content-derived
     :func:`reterm.recovery.state.state_id`, the same the dataset's ``trajectory_id`` and the GRPO pool's
-    ``state_id`` give it; history ``messages[:train_from_message_index]``); ``trajectory_id`` keeps the
+    ``state_id`` give it; history ``messages[:train_from_message_index]``); ``origin_id`` keeps the
     record's ``id``.
     Raises ``ValueError`` naming the file and record id for a record whose prefix cannot be read.
     """
@@ -146,7 +146,7 @@ def states_from_records(path: str | Path) -> list[Any]:
             history = st.history
             replay = list(row.get("replay_commands") or st.replay_commands)
             states.append(FailureState(
-                id=st.id, task_id=row["task_id"], trajectory_id=str(rid),
+                id=st.id, task_id=row["task_id"], origin_id=str(rid),
                 step=int(row.get("failure_step", len(history) - 1)), category=row["failure_category"],
                 confidence=1.0, source="record", command=row.get("failure_command") or None,
                 output=row.get("failure_output") or "", history=history, history_len=len(history),

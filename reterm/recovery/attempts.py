@@ -96,7 +96,7 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     last = history[-1]
     sid = state_id_of(traj, history)
     return FailureState(
-        id=sid, task_id=traj.task_id, trajectory_id=str(traj.metadata.get("trajectory_id", "")),
+        id=sid, task_id=traj.task_id, origin_id=str(traj.metadata.get("rollout_id", "")),
         step=len(history) - 1, category=category, confidence=primary.confidence if primary else 0.5,
         source="localiser" if primary else "task", evidence=primary.evidence if primary else "",
         command=primary.command if primary else last.command, output=primary.output if primary else last.observation,

@@ -64,7 +64,7 @@ class FailureState(BaseModel):
     Attributes:
         id: the content-derived state id (:func:`reterm.recovery.state.state_id` of the task and the
             history's messages): dedup and resume key, the same in the dataset, GRPO and the eval.
-        task_id, trajectory_id: where it came from (``trajectory_id`` from ``metadata["trajectory_id"]``
+        task_id, origin_id: where it came from (``origin_id``: the trajectory's ``metadata["rollout_id"]``
             or ``metadata["id"]``, else "").
         step: index in ``Trajectory.steps`` of the failing step (0-based).
         category: a failure category id of :class:`~reterm.recovery.taxonomy.Category`.
@@ -94,7 +94,7 @@ class FailureState(BaseModel):
 
     id: str
     task_id: str
-    trajectory_id: str = ""
+    origin_id: str = ""
     step: int
     category: str
     confidence: float
@@ -140,7 +140,7 @@ class LocalisationResult(BaseModel):
     """
 
     task_id: str
-    trajectory_id: str = ""
+    origin_id: str = ""
     outcome: Outcome
     reward: float | None = None
     infra_fault: bool = False
@@ -220,8 +220,8 @@ def step_records(trajectory: Trajectory) -> list[StepRecord]:
     return records
 
 
-def _trajectory_id(trajectory: Trajectory) -> str:
-    return str(trajectory.metadata.get("trajectory_id") or trajectory.metadata.get("id") or "")
+def _origin_id(trajectory: Trajectory) -> str:
+    return str(trajectory.metadata.get("rollout_id") or trajectory.metadata.get("id") or "")
 
 
 def _similar(a: str | None, b: str | None, threshold: float) -> bool:
@@ -313,13 +313,13 @@ def _make_state(trajectory: Trajectory, step: int, history_len: int, category: s
     history = trajectory.prefix(history_len)
     replay = [s.command for s in history if s.command]
     timeouts = [s.action.timeout if s.action else None for s in history if s.command]
-    tid = _trajectory_id(trajectory)
+    tid = _origin_id(trajectory)
     s = trajectory.steps[step]
     verdict = trajectory.passed if trajectory.outcome in (Outcome.SUCCESS, Outcome.FAILURE) else None
     return FailureState(
         id=state_id_of(trajectory, history),
         task_id=trajectory.task_id,
-        trajectory_id=tid,
+        origin_id=tid,
         step=step,
         category=category,
         confidence=confidence,
@@ -352,7 +352,7 @@ def _localise_one(trajectory: Trajectory, labels: list[Classification], include_
     steps = trajectory.steps
     result = LocalisationResult(
         task_id=trajectory.task_id,
-        trajectory_id=_trajectory_id(trajectory),
+        origin_id=_origin_id(trajectory),
         outcome=trajectory.outcome,
         reward=trajectory.reward,
     )
