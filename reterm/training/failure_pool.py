@@ -574,6 +574,7 @@ class SnapshotCache:
     max_size: int = 16
     _items: OrderedDict = field(default_factory=OrderedDict)
     pinned: set = field(default_factory=set)  # ids in use by the running batch: never evicted
+    building: dict = field(default_factory=dict)  # state id -> future of a snapshot being made (materialize)
     hits: int = 0
     misses: int = 0
 
