@@ -11,7 +11,8 @@ One run (:class:`LiveRun`):
    session), so prompts, parsing and observations are exactly those of training and evaluation.
    After every step :func:`reterm.recovery.localise` (rules) looks at the new step; the first failure
    state stops the episode there.
-3. At the failure state the sandbox is forked (:meth:`LocalEnvironment.fork`, files only; the terminal's
+3. At the failure state the sandbox is snapshotted and forked by the kit's one rebuild
+   (:func:`reterm.recovery.materialize.materialize`, method ``snapshot``: files only; the terminal's
    cwd and exports come back from its saved state) into G sandboxes, and G recovery attempts continue
    from the failure prefix in lock-step (one ``run_episodes`` call; a local model generates the G turns
    as one batch). Each attempt's verifier runs at the end. If the episode ends without a step failing
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reterm.recovery.materialize import materialize
 from reterm.recovery.state import Level, Source, State
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -535,6 +537,8 @@ class LiveRun:
                 cancelled = True
         if isinstance(result, list):
             self.envs.extend(result)
+        elif isinstance(getattr(result, "environments", None), list):  # materialize's forks
+            self.envs.extend(result.environments)
         if cancelled:
             raise asyncio.CancelledError
         return result
@@ -680,16 +684,23 @@ class LiveRun:
         self._changed()
         t = time.monotonic()
         if snapshot is not None:
-            try:
-                forks = await self._settle(LocalEnvironment.from_snapshot(snapshot, req.forks))
-            finally:
-                snapshot.release()
             last = main.steps[-1] if main.steps else None
             ends_in_submit = last is not None and last.action is not None and last.action.tool == "submit"
             history = main.steps[:-1] if ends_in_submit else main.steps  # attempts continue instead of submitting
         else:
-            forks = await self._settle(env.fork(req.forks))
+            snapshot = await self._settle(env.snapshot())
             history = main.steps
+        # the failure state, named by the id the dataset, GRPO and the eval give the same history; the attempts
+        # continue the episode (no feedback message, even when forked at its end): in-attempt
+        st.failure = State.from_history(main, history, category=st.failure_category or "other", source=Source.OWN,
+                                        level=Level.IN_ATTEMPT, snapshot=snapshot)  # fmt: skip
+        try:  # the one rebuild: forks of the state's snapshot
+            made = await self._settle(materialize(st.failure, req.forks, None, method="snapshot",
+                                                  fork_kwargs={"persistent_env": dict(env._persistent_env)}))  # fmt: skip
+        finally:
+            snapshot.release()
+            st.failure.snapshot = None
+        forks = made.environments
         st.fork_s = time.monotonic() - t
         st.log(f"forked {req.forks} sandboxes in {st.fork_s:.2f} s")
         with contextlib.suppress(Exception):
@@ -697,10 +708,6 @@ class LiveRun:
         self.envs.remove(env)
         await self._settle(env.stop(delete=True))
 
-        # the failure state, named by the id the dataset, GRPO and the eval give the same history
-        # the attempts continue the episode (no feedback message, even when forked at its end): in-attempt
-        st.failure = State.from_history(main, history, category=st.failure_category or "other", source=Source.OWN,
-                                        level=Level.IN_ATTEMPT)  # fmt: skip
         st.log(f"failure state {st.failure_id}")
         specs = [EpisodeSpec(f, task, history=history, instruction=req.instruction,
                              metadata={"space_run": st.run_id, "failure_state": st.failure_id, "state_id": st.failure_id,

@@ -229,6 +229,7 @@ async def materialize(
     cache: Any = None,
     parent: State | None = None,
     snapshot_extra: dict[str, Any] | None = None,
+    fork_kwargs: dict[str, Any] | None = None,
     default_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
     stop_environment: Callable[[Any], Awaitable[None]] | None = None,
 ) -> Materialized:
@@ -248,6 +249,7 @@ async def materialize(
         parent: with ``cache``, a state this one continues (a GRPO online state's parent): its cached snapshot
             is the start of the rebuild when the state's messages begin with the parent's.
         snapshot_extra: with ``cache``, metadata stored with a snapshot made here.
+        fork_kwargs: passed to ``LocalEnvironment.from_snapshot`` for the forks (e.g. ``persistent_env``).
         default_timeout: seconds, for typed commands recorded without a timeout.
         stop_environment: how to stop an environment (default ``env.stop(delete=True)``, errors ignored).
 
@@ -282,7 +284,7 @@ async def materialize(
             return out
         out.rebuild_s, out.snapshot_id = time.monotonic() - t0, snap.id
         t1 = time.monotonic()
-        out.environments = list(await LocalEnvironment.from_snapshot(snap, n))
+        out.environments = list(await LocalEnvironment.from_snapshot(snap, n, **(fork_kwargs or {})))
         out.sessions, out.fork_s = [None] * n, time.monotonic() - t1
         return out
     if method == "snapshot" or (method == "auto" and snapshot is not None):
@@ -290,7 +292,7 @@ async def materialize(
             raise ValueError(f"materialize: method 'snapshot' but failure state {state.id} has none")
         from reterm.sandbox.local import LocalEnvironment
 
-        out.environments = list(await LocalEnvironment.from_snapshot(snapshot, n))
+        out.environments = list(await LocalEnvironment.from_snapshot(snapshot, n, **(fork_kwargs or {})))
         out.sessions, out.method = [None] * n, "snapshot"
         return out
     if make_environment is None:
