@@ -104,12 +104,17 @@ class PoolState:
     created_step: int = -1
     failure_source: str = "own"
 
+    @property
+    def state_source(self) -> Source:
+        """The entry's :class:`reterm.recovery.state.Source` (``online``, ``task_start``, else the seed record's)."""
+        return Source({"online": Source.ONLINE, "task_start": Source.TASK_START}.get(self.source, self.failure_source))
+
     @cached_property
     def state(self) -> State:
         """This entry's failure state (:class:`reterm.recovery.state.State`: id, history, category, source,
         level; attempt-level when the prompt ends with the feedback message). The pool fields (task folder,
         parent, step created) stay on this entry."""
-        source = {"online": Source.ONLINE, "task_start": Source.TASK_START}.get(self.source, self.failure_source)
+        source = self.state_source
         last = self.prompt[-1] if len(self.prompt) > 2 else {}
         level = Level.ATTEMPT if str(last.get("content") or "").strip() == FEEDBACK_MESSAGE else Level.IN_ATTEMPT
         bash = [s for s in self.history if s.command is not None]
@@ -150,7 +155,7 @@ class PoolState:
             "task_id": self.task_id,
             "state_id": self.state_id,
             "failure_category": self.category,
-            "state_source": self.state.source.value,
+            "state_source": self.state_source.value,
             "pool_origin": self.source,
         }
 

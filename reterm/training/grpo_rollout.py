@@ -272,7 +272,7 @@ class RolloutEngine:
                                              instruction=gr.state.instruction,
                                              metadata={"state_id": gr.state.state_id, "group": gr.group, "attempt": i,
                                                        "failure_category": gr.state.category,
-                                                       "state_source": gr.state.state.source.value,
+                                                       "state_source": gr.state.state_source.value,
                                                        "pool_origin": gr.state.source}))  # fmt: skip
                     where.append((k, i, getattr(env, "session_id", "")))
             trajs: list[Trajectory] = []
