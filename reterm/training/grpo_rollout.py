@@ -6,12 +6,13 @@ For a batch of groups (a :class:`reterm.training.failure_pool.PoolState` and a n
    harness's terminal (:func:`reterm.recovery.materialize.type_history`, the commands' own timeouts), so files *and* shell state (cwd, exported variables) are those the agent left; every
    replayed exit status is compared with the recorded one and a difference is a *divergence* (the
    group is dropped and counted; the state is not used again). On the local sandbox the result is
-   snapshotted and cached (:class:`reterm.training.failure_pool.SnapshotCache`); an online state
-   starts from its parent's cached snapshot and replays only the commands after it. Processes are not
+   snapshotted and cached (:class:`reterm.training.failure_pool.SnapshotCache`, passed to
+   :func:`reterm.recovery.materialize.materialize` as ``cache``); an online state starts from its parent's
+   cached snapshot (``parent``) and replays only the commands after it. Processes are not
    part of a snapshot: a state left inside an interactive program continues at a fresh
    shell prompt with the same cwd and variables.
-2. **Fork.** Snapshot path: ``LocalEnvironment.from_snapshot(snap, G)`` (G sandboxes with the state's
-   files, started concurrently). Replay path (any Harbor environment: docker, daytona, ...): G fresh
+2. **Fork.** Snapshot path: G forks of that snapshot (G sandboxes with the state's files, started
+   concurrently; the same ``materialize`` call). Replay path (any Harbor environment: docker, daytona, ...): G fresh
    environments, each replayed (:func:`reterm.recovery.materialize.materialize`, ``method="replay"``); a
    group with any diverged replay is dropped.
 3. **Attempts.** One :func:`reterm.agent.episode.run_episodes` call over every attempt of every group:
