@@ -188,17 +188,23 @@ ATTEMPT_CONFIG = {
 }
 
 
-def test_build_writes_attempt_level_records_through_the_attempt_protocol(tmp_path):
-    from reterm.agent.protocol import FEEDBACK_MESSAGE
+@pytest.fixture(scope="module")
+def attempt_build(tmp_path_factory):
+    """The reduced run: ``ATTEMPT_CONFIG`` built once (about 7 s); its folder and rows."""
     from reterm.data.build import build
     from reterm.data.config import PipelineConfig
+
+    out = build(PipelineConfig.model_validate(ATTEMPT_CONFIG), tmp_path_factory.mktemp("attempt") / "out").output
+    return out, _rows(out)
+
+
+def test_build_writes_attempt_level_records_through_the_attempt_protocol(attempt_build):
+    from reterm.agent.protocol import FEEDBACK_MESSAGE
     from reterm.record_features import FEATURES
     from reterm.records import RELEASE_COLUMNS
     from reterm.recovery.state import State
 
-    cfg = PipelineConfig.model_validate(ATTEMPT_CONFIG)
-    result = build(cfg, tmp_path / "out")
-    rows = _rows(result.output)
+    _, rows = attempt_build
     assert rows, "the scripted failed attempt gave no record"
     assert list(FEATURES)[:6] == list(RELEASE_COLUMNS)
     for r in rows:
@@ -213,3 +219,66 @@ def test_build_writes_attempt_level_records_through_the_attempt_protocol(tmp_pat
         assert "jq -r" in json.dumps(r["messages"][:k]) and r["failure_source"] == "own"
         state = State.from_record(r)
         assert state.level == "attempt" and state.id == r["trajectory_id"]
+
+
+def test_a_reduced_runs_dataset_grpo_rollouts_eval_items_and_space_join_on_the_state_id(attempt_build, tmp_path):
+    """The dataset of the reduced run, GRPO groups forked from its states (written as GRPO writes its
+    rollouts), the eval's recovery attempts from its records and the Space's views of both name each state by
+    one id: the records' ``trajectory_id``."""
+    from sandbox_support import run
+    from transformers import AutoTokenizer
+
+    from reterm.eval import recovery
+    from reterm.policies.scripted import ScriptedPolicy, submit_call
+    from reterm.recovery.state import State
+    from reterm.training.failure_pool import SnapshotCache, seed_states_from_records
+    from reterm.training.grpo_outputs import rollout_rows
+    from reterm.training.grpo_policy import TokenTrajectoryPolicy, scripted_generate_fn
+    from reterm.training.grpo_rollout import RolloutEngine, RolloutSettings
+    from reterm.training.models import resolve_model_name_or_path
+    from reterm.trajectory import Trajectory
+
+    sys.path.insert(0, str(ROOT / "space"))
+    from replay_sources import group_key, open_source
+
+    out, rows = attempt_build
+    ids = {r["trajectory_id"] for r in rows}
+    assert ids == {State.from_record(r).id for r in rows} and len(ids) == len(rows)
+
+    # GRPO: the pool seeded from the dataset, one group of 2 attempts forked from each state
+    seeds, skipped = seed_states_from_records(rows, [ROOT / "tasks"], exclude=set())
+    assert {s.state_id for s in seeds} == ids and not skipped
+    assert all(s.state.id == s.state_id and s.row()["state_source"] == "own" for s in seeds)
+    tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("smollm2"))
+    policy = TokenTrajectoryPolicy(tok, scripted_generate_fn(tok, lambda chain, messages: submit_call()),
+                                   max_turn_tokens=32, max_completion_tokens=512)  # fmt: skip
+    cache = SnapshotCache(4)
+    engine = RolloutEngine(RolloutSettings(max_turns=2, environment="local", fork_method="snapshot"), cache=cache)
+    try:
+        groups = run(engine.run(policy, [(s, 2, k) for k, s in enumerate(seeds)]))
+    finally:
+        cache.close()
+    assert all(g.dropped is None and len(g.attempts) == 2 for g in groups)
+    rollouts = tmp_path / "grpo" / "rollouts"
+    rollouts.mkdir(parents=True)
+    grpo_rows = rollout_rows(groups, step=1, generation_round=1)
+    (rollouts / "round-00001-step-00001-rank0.jsonl").write_text("\n".join(json.dumps(r) for r in grpo_rows) + "\n")
+    assert {r["state_id"] for r in grpo_rows} == ids
+
+    # eval: recovery attempts from the dataset's records (the eval's reader), one file per state and attempt
+    states = recovery.states_from_records(out)
+    assert {s.id for s in states} == ids
+    evals = tmp_path / "eval"
+    recovery.recover_from_states(ScriptedPolicy([], name="submit"), states, ROOT / "tasks", evals, attempts=1,
+                                 max_turns=2)  # fmt: skip
+    attempts = sorted(evals.glob("*.json"))
+    assert {p.name.split("__")[0] for p in attempts} == ids
+    items = [s.eval_item(Trajectory.load(p)) for s in states for p in attempts if p.name.startswith(s.id)]
+    assert {i["state_id"] for i in items} == ids
+
+    # the Space: the eval attempts open as one fan-out per state, the GRPO groups name their state
+    space_eval = open_source(str(evals))
+    assert {it.key for it in space_eval.items} == {f"group:{r['task_id']}/{r['trajectory_id']}" for r in rows}
+    assert {group_key(Trajectory.load(p)).split("/")[1] for p in attempts} == ids
+    space_grpo = open_source(str(rollouts))
+    assert {next(i for i in ids if f"state {i}" in it.label) for it in space_grpo.items} == ids
