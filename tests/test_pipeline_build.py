@@ -282,3 +282,22 @@ def test_a_reduced_runs_dataset_grpo_rollouts_eval_items_and_space_join_on_the_s
     assert {group_key(Trajectory.load(p)).split("/")[1] for p in attempts} == ids
     space_grpo = open_source(str(rollouts))
     assert {next(i for i in ids if f"state {i}" in it.label) for it in space_grpo.items} == ids
+
+
+def test_the_replay_check_drops_a_record_whose_replay_diverges(attempt_build):
+    """The replay check rebuilds a record through materialize: a record whose prefix says a command succeeded
+    that fails when typed again is reported as diverged (never scored), the true record replays to 1.0."""
+    from sandbox_support import run
+
+    from reterm.data.config import EnvironmentConfig
+    from reterm.data.replay_check import replay_record
+
+    _, rows = attempt_build
+    row = rows[0]
+    task = ROOT / "tasks" / row["task_id"]
+    assert run(replay_record(row, task, EnvironmentConfig(type="local"), 10, 30)) == {"reward": 1.0, "error": None}
+    messages = [dict(m) for m in row["messages"]]
+    k = next(i for i, m in enumerate(messages) if m["role"] == "tool" and "[exit status: 127]" in (m["content"] or ""))
+    messages[k]["content"] = messages[k]["content"].replace("[exit status: 127]", "[exit status: 0]")
+    bad = run(replay_record({**row, "messages": messages}, task, EnvironmentConfig(type="local"), 10, 30))
+    assert bad["reward"] is None and bad["error"].startswith("diverged: command 1 `jq -r"), bad
