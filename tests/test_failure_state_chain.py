@@ -25,7 +25,7 @@ from sandbox_support import run
 from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.recovery import localise
-from reterm.recovery.state import state_id
+from reterm.recovery.state import State, state_id
 from reterm.trajectory import Action, Outcome, Step, Trajectory
 
 TASKS = Path(__file__).resolve().parent / "fixtures" / "tasks"
@@ -49,10 +49,11 @@ def _trajectory(steps: list[tuple[str, int, str]]) -> Trajectory:
     return traj
 
 
-def _state(steps):
-    state = localise(_trajectory(steps)).primary
-    assert state is not None
-    return state
+def _state(steps) -> State:
+    traj = _trajectory(steps)
+    primary = localise(traj).primary
+    assert primary is not None
+    return State.from_failure_state(primary, traj, "own")
 
 
 def _fixer(messages: list[dict]) -> str:

@@ -257,10 +257,14 @@ async def materialize(
         A :class:`Materialized`; ``environments`` is empty when every rebuild diverged.
 
     Raises:
+        TypeError: ``state`` is not a :class:`State`.
         ValueError: ``n < 1``, an unknown ``method``, ``snapshot`` without one, ``fork`` on an environment
             without a snapshot fork, or no ``make_environment`` when one is needed.
         Exception: faults of the environment while rebuilding (infrastructure faults), after clean-up.
     """
+    if not isinstance(state, State):
+        raise TypeError(f"materialize: expected a reterm.recovery.state.State, got {type(state).__name__} "
+                        "(a localiser's FailureState converts with State.from_failure_state)")
     if n < 1:
         raise ValueError(f"materialize: n must be >= 1, got {n}")
     if method not in METHODS:
