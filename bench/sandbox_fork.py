@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from reterm.recovery.materialize import materialize  # noqa: E402
+from reterm.recovery.state import Level, Source, State  # noqa: E402
 from reterm.sandbox.local import LocalEnvironment  # noqa: E402
 from reterm.trajectory import Action, Step  # noqa: E402
 
@@ -67,14 +68,13 @@ async def fork_by_replay(task: Path, cmds: list[str], g: int) -> float:
     """G environments in the state by the product's replay (:func:`reterm.recovery.materialize.materialize`,
     ``method="replay"``: each a fresh sandbox with the prefix typed into the kit's terminal, divergence checked)."""
 
-    class _State:  # what materialize reads: the history's steps (all recorded exit 0) and their timeouts
-        id = "bench"
-        history = [Step(index=i, model_text="", action=Action(tool="bash", command=c), exit_status=0)
-                   for i, c in enumerate(cmds)]  # fmt: skip
-        replay_timeouts = [600.0] * len(cmds)
-
+    # the history's steps (all recorded exit 0) and their timeouts: what materialize reads
+    history = [Step(index=i, model_text="", action=Action(tool="bash", command=c), exit_status=0, from_history=True)
+               for i, c in enumerate(cmds)]  # fmt: skip
+    state = State(id="bench", task_id=task.name, messages=[], category="other", source=Source.OWN,
+                  level=Level.IN_ATTEMPT, history=history, replay_commands=list(cmds), replay_timeouts=[600.0] * len(cmds))
     t0 = time.perf_counter()
-    made = await materialize(_State(), g, lambda tag: LocalEnvironment.for_task(task), method="replay")
+    made = await materialize(state, g, lambda tag: LocalEnvironment.for_task(task), method="replay")
     took = time.perf_counter() - t0
     assert made.diverged == 0 and len(made.environments) == g, made.detail
     await made.stop()

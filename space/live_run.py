@@ -11,7 +11,8 @@ One run (:class:`LiveRun`):
    session), so prompts, parsing and observations are exactly those of training and evaluation.
    After every step :func:`reterm.recovery.localise` (rules) looks at the new step; the first failure
    state stops the episode there.
-3. At the failure state the sandbox is forked (:meth:`LocalEnvironment.fork`, files only; the terminal's
+3. At the failure state the sandbox is snapshotted and forked by the kit's one rebuild
+   (:func:`reterm.recovery.materialize.materialize`, method ``snapshot``: files only; the terminal's
    cwd and exports come back from its saved state) into G sandboxes, and G recovery attempts continue
    from the failure prefix in lock-step (one ``run_episodes`` call; a local model generates the G turns
    as one batch). Each attempt's verifier runs at the end. If the episode ends without a step failing
@@ -43,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from reterm.recovery.state import state_id_of
+from reterm.recovery.materialize import materialize
+from reterm.recovery.state import Level, Source, State
 from reterm.trajectory import Outcome, Step, Trajectory
 
 MAX_FORKS = 8
@@ -408,8 +410,10 @@ def turn_line(label: str, step: Step) -> str:
 class LiveState:
     """What a live run has done so far (rendered after every event).
 
-    ``main`` is the episode (its steps so far); ``failure_*`` describe the failure state the attempts
-    were forked from; ``attempts`` are filled in place while they run. ``timeline`` holds
+    ``main`` is the episode (its steps so far); ``failure`` is the failure state the attempts were forked
+    from (a :class:`reterm.recovery.state.State`, named by its ``state_id`` like in the dataset, the GRPO pool
+    and the eval); ``failure_step``/``failure_category``/``failure_evidence`` mark the first failure as soon as
+    it is seen (before any fork); ``attempts`` are filled in place while they run. ``timeline`` holds
     ``(seconds since start, text)`` lines.
     """
 
@@ -419,7 +423,7 @@ class LiveState:
     failure_step: int | None = None
     failure_category: str | None = None
     failure_evidence: str = ""
-    failure_id: str | None = None  # reterm.recovery.state.state_id of the history the attempts continue
+    failure: State | None = None
     forked_at_end: bool = False
     attempts: list[Trajectory] = field(default_factory=list)
     timeline: list[tuple[float, str]] = field(default_factory=list)
@@ -430,6 +434,11 @@ class LiveState:
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
     t0: float = field(default_factory=time.monotonic)
     fork_s: float | None = None
+
+    @property
+    def failure_id(self) -> str | None:
+        """The ``state_id`` of the failure state the attempts continue (``None`` before the fork)."""
+        return self.failure.id if self.failure is not None else None
 
     def log(self, text: str) -> None:
         self.timeline.append((time.monotonic() - self.t0, text))
@@ -528,6 +537,8 @@ class LiveRun:
                 cancelled = True
         if isinstance(result, list):
             self.envs.extend(result)
+        elif isinstance(getattr(result, "environments", None), list):  # materialize's forks
+            self.envs.extend(result.environments)
         if cancelled:
             raise asyncio.CancelledError
         return result
@@ -673,16 +684,23 @@ class LiveRun:
         self._changed()
         t = time.monotonic()
         if snapshot is not None:
-            try:
-                forks = await self._settle(LocalEnvironment.from_snapshot(snapshot, req.forks))
-            finally:
-                snapshot.release()
             last = main.steps[-1] if main.steps else None
             ends_in_submit = last is not None and last.action is not None and last.action.tool == "submit"
             history = main.steps[:-1] if ends_in_submit else main.steps  # attempts continue instead of submitting
         else:
-            forks = await self._settle(env.fork(req.forks))
+            snapshot = await self._settle(env.snapshot())
             history = main.steps
+        # the failure state, named by the id the dataset, GRPO and the eval give the same history; the attempts
+        # continue the episode (no feedback message, even when forked at its end): in-attempt
+        st.failure = State.from_history(main, history, category=st.failure_category or "other", source=Source.OWN,
+                                        level=Level.IN_ATTEMPT, snapshot=snapshot)  # fmt: skip
+        try:  # the one rebuild: forks of the state's snapshot
+            made = await self._settle(materialize(st.failure, req.forks, None, method="snapshot",
+                                                  fork_kwargs={"persistent_env": dict(env._persistent_env)}))  # fmt: skip
+        finally:
+            snapshot.release()
+            st.failure.snapshot = None
+        forks = made.environments
         st.fork_s = time.monotonic() - t
         st.log(f"forked {req.forks} sandboxes in {st.fork_s:.2f} s")
         with contextlib.suppress(Exception):
@@ -690,12 +708,9 @@ class LiveRun:
         self.envs.remove(env)
         await self._settle(env.stop(delete=True))
 
-        # the failure state's id: the one the dataset, GRPO and the eval give the same history
-        st.failure_id = state_id_of(main, history)
         st.log(f"failure state {st.failure_id}")
-        failure_id = f"{st.run_id}:{st.failure_step}"  # one fan-out per run in the replay view
         specs = [EpisodeSpec(f, task, history=history, instruction=req.instruction,
-                             metadata={"space_run": st.run_id, "failure_state": failure_id, "state_id": st.failure_id,
+                             metadata={"space_run": st.run_id, "failure_state": st.failure_id, "state_id": st.failure_id,
                                        "attempt": k, "failure_step": st.failure_step, "failure_category": st.failure_category,
                                        "failure_evidence": st.failure_evidence, "source_policy": self.policy.name})
                  for k, f in enumerate(forks)]  # fmt: skip

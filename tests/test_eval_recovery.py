@@ -19,6 +19,7 @@ from reterm.agent.protocol import format_observation, initial_messages, step_mes
 from reterm.eval import recovery
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.records import normalise_message
+from reterm.recovery.state import State
 from reterm.trajectory import Action, Step
 
 TASKS = Path(__file__).parent / "fixtures" / "tasks"
@@ -66,8 +67,8 @@ def test_states_from_records(records):
     states = recovery.states_from_records(records)
     ids = _ids(records)
     assert [s.id for s in states] == [ids["in-app"], ids["in-tmp"]] and len(set(ids.values())) == 2
-    assert [s.trajectory_id for s in states] == ["in-app", "in-tmp"]
-    assert states[0].history_len == 3 and all(s.from_history for s in states[0].history)
+    assert all(isinstance(s, State) for s in states)
+    assert len(states[0].history) == 3 and all(s.from_history for s in states[0].history)
     assert states[0].history[2].command == "cat hello.txt" and states[0].replay_commands[0] == "cd /app"
     assert [s.id for s in recovery.select_states(states, 1)] == [ids["in-app"]]  # round-robin: first category
 
@@ -133,7 +134,7 @@ def test_states_from_job_folders():
     assert sorted((s.task_id, s.category) for s in states) == [
         ("task-a", "path_permission"), ("task-b", "missing_dependency"), ("task-b", "timeout_hang")]
     jq = next(s for s in states if s.category == "missing_dependency")
-    assert jq.replay_commands == ["jq . data.json"] and jq.history_len == 1
+    assert jq.replay_commands == ["jq . data.json"] and len(jq.history) == 1
 
 
 STATE_SET = Path(__file__).resolve().parent.parent / "eval" / "states" / "test_split.jsonl"

@@ -25,7 +25,7 @@ from sandbox_support import run
 from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.policies.scripted import ScriptedPolicy, assistant_commands, bash_call, submit_call
 from reterm.recovery import localise
-from reterm.recovery.state import state_id
+from reterm.recovery.state import State, state_id
 from reterm.trajectory import Action, Outcome, Step, Trajectory
 
 TASKS = Path(__file__).resolve().parent / "fixtures" / "tasks"
@@ -44,15 +44,16 @@ def _trajectory(steps: list[tuple[str, int, str]]) -> Trajectory:
                     exit_status=s) for i, (c, s, o) in enumerate(steps)]  # fmt: skip
     history.append(Step(index=len(history), model_text="", action=Action(tool="submit")))
     traj = Trajectory(task_id=TASK.name, instruction=(TASK / "instruction.md").read_text(), system_prompt=SYSTEM_PROMPT,
-                      steps=history, metadata={"trajectory_id": "t"})  # fmt: skip
+                      steps=history, metadata={"rollout_id": "t"})  # fmt: skip
     traj.set_reward(0.0)
     return traj
 
 
-def _state(steps):
-    state = localise(_trajectory(steps)).primary
-    assert state is not None
-    return state
+def _state(steps) -> State:
+    traj = _trajectory(steps)
+    primary = localise(traj).primary
+    assert primary is not None
+    return State.from_failure_state(primary, traj, "own")
 
 
 def _fixer(messages: list[dict]) -> str:

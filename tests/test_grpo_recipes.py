@@ -94,7 +94,7 @@ def test_9b_recipe_check_runs_one_step(tmp_path):
     done = _check_run(RECIPES / "qwen3.5-9b" / "grpo.yaml", tmp_path / "q9b")
     (rollout,) = sorted((done / "rollouts").glob("*.jsonl"))
     rows = [json.loads(line) for line in rollout.read_text().splitlines()]
-    assert len(rows) == 2 and {r["state_source"] for r in rows} == {"seed"}
+    assert len(rows) == 2 and {r["pool_origin"] for r in rows} == {"seed"}
     assert all(r["trajectory"]["prefix_len"] > 0 and r["reward"] is not None for r in rows)  # real verifier
     _loads_in_the_harness(done, [{"role": "user", "content": "hello"}])
 

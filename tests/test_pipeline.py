@@ -104,7 +104,7 @@ def test_perturbations_of_a_reference_solution():
 def test_choose_is_seeded_and_spreads_over_kinds():
     steps = solution_steps(TASKS / "fix-duration-parser")
     traj = Trajectory(task_id="fix-duration-parser", instruction="", system_prompt="",
-                      steps=[_step(i, c) for i, c in enumerate(steps)], metadata={"trajectory_id": "t1"})
+                      steps=[_step(i, c) for i, c in enumerate(steps)], metadata={"rollout_id": "t1"})
     kinds = ["bug_in_file", "removed_dependency", "wrong_flag", "wrong_path", "misspelt_command"]
     a = inject.choose(traj, kinds, 4, seed=0)
     assert a == inject.choose(traj, kinds, 4, seed=0)
@@ -116,7 +116,7 @@ def test_choose_is_seeded_and_spreads_over_kinds():
 def _failure_state(task: str, history: list[Step], outcome=Outcome.FAILURE):
     traj = Trajectory(task_id=task, instruction="do it", system_prompt=SYSTEM_PROMPT, steps=history,
                       reward=0.0 if outcome is Outcome.FAILURE else None, outcome=outcome,
-                      metadata={"trajectory_id": "abc"})  # fmt: skip
+                      metadata={"rollout_id": "abc"})  # fmt: skip
     return localise(traj).primary
 
 

@@ -85,7 +85,9 @@ def test_build_loads_and_kept_recoveries_replay_to_reward_1(uninterrupted):
     assert list(ds) == ["train"]
     train = ds["train"]
     stats = load_stats(out / "stats.json")
-    assert stats.splits == {"train": train.num_rows} and train.num_rows >= 4
+    # attempt-level states only: a perturbed run that still passes the verifier is no failure state
+    assert stats.splits == {"train": train.num_rows} and train.num_rows >= 3
+    assert set(train["target_attempt_index"]) == {2}
     cats = set(train["failure_category"])
     assert len(cats) >= 3, cats
     assert set(train["failure_source"]) == {"own", "injected"}
@@ -172,3 +174,130 @@ def test_sigkill_at_random_points_then_resume_gives_the_same_records(uninterrupt
         sorted(p.name for p in (ref / ".pipeline/units/recovery").iterdir())
     assert len(list((out / ".pipeline/jobs/rollout").glob("*/result.json"))) == \
         len(list((ref / ".pipeline/jobs/rollout").glob("*/result.json")))
+
+
+# One scripted failed attempt per task, no injection, one recovery attempt per state: the release's
+# attempt-level protocol through the whole build.
+ATTEMPT_CONFIG = {
+    **CONFIG,
+    "name": "pipeline-attempt-level",
+    "tasks": {"path": "tasks", "names": ["replace-missing-jq"]},
+    "rollout": {**CONFIG["rollout"], "concurrency": 1},
+    "injection": {"enabled": False},
+    "recovery": {"attempts": 1, "max_turns": 12},
+}
+
+
+@pytest.fixture(scope="module")
+def attempt_build(tmp_path_factory):
+    """The reduced run: ``ATTEMPT_CONFIG`` built once (about 7 s); its folder and rows."""
+    from reterm.data.build import build
+    from reterm.data.config import PipelineConfig
+
+    out = build(PipelineConfig.model_validate(ATTEMPT_CONFIG), tmp_path_factory.mktemp("attempt") / "out").output
+    return out, _rows(out)
+
+
+def test_build_writes_attempt_level_records_through_the_attempt_protocol(attempt_build):
+    from reterm.agent.protocol import FEEDBACK_MESSAGE
+    from reterm.record_features import FEATURES
+    from reterm.records import RELEASE_COLUMNS
+    from reterm.recovery.state import State
+
+    _, rows = attempt_build
+    assert rows, "the scripted failed attempt gave no record"
+    assert list(FEATURES)[:6] == list(RELEASE_COLUMNS)
+    for r in rows:
+        assert list(r)[:6] == list(RELEASE_COLUMNS)
+        assert r["target_attempt_index"] == 2
+        k = r["train_from_message_index"]
+        # the history is the whole failed attempt (both scripted commands, then submit), the feedback message
+        # answering the submit; training starts at the first assistant turn after it
+        assert r["messages"][k - 1]["content"] == FEEDBACK_MESSAGE
+        assert r["messages"][k - 1]["role"] in ("tool", "user")
+        assert r["messages"][k]["role"] == "assistant"
+        assert "jq -r" in json.dumps(r["messages"][:k]) and r["failure_source"] == "own"
+        state = State.from_record(r)
+        assert state.level == "attempt" and state.id == r["trajectory_id"]
+
+
+def test_a_reduced_runs_dataset_grpo_rollouts_eval_items_and_space_join_on_the_state_id(attempt_build, tmp_path):
+    """The dataset of the reduced run, GRPO groups forked from its states (written as GRPO writes its
+    rollouts), the eval's recovery attempts from its records and the Space's views of both name each state by
+    one id: the records' ``trajectory_id``."""
+    from sandbox_support import run
+    from transformers import AutoTokenizer
+
+    from reterm.eval import recovery
+    from reterm.policies.scripted import ScriptedPolicy, submit_call
+    from reterm.recovery.state import State
+    from reterm.training.failure_pool import SnapshotCache, seed_states_from_records
+    from reterm.training.grpo_outputs import rollout_rows
+    from reterm.training.grpo_policy import TokenTrajectoryPolicy, scripted_generate_fn
+    from reterm.training.grpo_rollout import RolloutEngine, RolloutSettings
+    from reterm.training.models import resolve_model_name_or_path
+    from reterm.trajectory import Trajectory
+
+    sys.path.insert(0, str(ROOT / "space"))
+    from replay_sources import group_key, open_source
+
+    out, rows = attempt_build
+    ids = {r["trajectory_id"] for r in rows}
+    assert ids == {State.from_record(r).id for r in rows} and len(ids) == len(rows)
+
+    # GRPO: the pool seeded from the dataset, one group of 2 attempts forked from each state
+    seeds, skipped = seed_states_from_records(rows, [ROOT / "tasks"], exclude=set())
+    assert {s.state_id for s in seeds} == ids and not skipped
+    assert all(s.state.id == s.state_id and s.row()["state_source"] == "own" for s in seeds)
+    tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("smollm2"))
+    policy = TokenTrajectoryPolicy(tok, scripted_generate_fn(tok, lambda chain, messages: submit_call()),
+                                   max_turn_tokens=32, max_completion_tokens=512)  # fmt: skip
+    cache = SnapshotCache(4)
+    engine = RolloutEngine(RolloutSettings(max_turns=2, environment="local", fork_method="snapshot"), cache=cache)
+    try:
+        groups = run(engine.run(policy, [(s, 2, k) for k, s in enumerate(seeds)]))
+    finally:
+        cache.close()
+    assert all(g.dropped is None and len(g.attempts) == 2 for g in groups)
+    rollouts = tmp_path / "grpo" / "rollouts"
+    rollouts.mkdir(parents=True)
+    grpo_rows = rollout_rows(groups, step=1, generation_round=1)
+    (rollouts / "round-00001-step-00001-rank0.jsonl").write_text("\n".join(json.dumps(r) for r in grpo_rows) + "\n")
+    assert {r["state_id"] for r in grpo_rows} == ids
+
+    # eval: recovery attempts from the dataset's records (the eval's reader), one file per state and attempt
+    states = recovery.states_from_records(out)
+    assert {s.id for s in states} == ids
+    evals = tmp_path / "eval"
+    recovery.recover_from_states(ScriptedPolicy([], name="submit"), states, ROOT / "tasks", evals, attempts=1,
+                                 max_turns=2)  # fmt: skip
+    attempts = sorted(evals.glob("*.json"))
+    assert {p.name.split("__")[0] for p in attempts} == ids
+    items = [s.eval_item(Trajectory.load(p)) for s in states for p in attempts if p.name.startswith(s.id)]
+    assert {i["state_id"] for i in items} == ids
+
+    # the Space: the eval attempts open as one fan-out per state, the GRPO groups name their state
+    space_eval = open_source(str(evals))
+    assert {it.key for it in space_eval.items} == {f"group:{r['task_id']}/{r['trajectory_id']}" for r in rows}
+    assert {group_key(Trajectory.load(p)).split("/")[1] for p in attempts} == ids
+    space_grpo = open_source(str(rollouts))
+    assert {next(i for i in ids if f"state {i}" in it.label) for it in space_grpo.items} == ids
+
+
+def test_the_replay_check_drops_a_record_whose_replay_diverges(attempt_build):
+    """The replay check rebuilds a record through materialize: a record whose prefix says a command succeeded
+    that fails when typed again is reported as diverged (never scored), the true record replays to 1.0."""
+    from sandbox_support import run
+
+    from reterm.data.config import EnvironmentConfig
+    from reterm.data.replay_check import replay_record
+
+    _, rows = attempt_build
+    row = rows[0]
+    task = ROOT / "tasks" / row["task_id"]
+    assert run(replay_record(row, task, EnvironmentConfig(type="local"), 10, 30)) == {"reward": 1.0, "error": None}
+    messages = [dict(m) for m in row["messages"]]
+    k = next(i for i, m in enumerate(messages) if m["role"] == "tool" and "[exit status: 127]" in (m["content"] or ""))
+    messages[k]["content"] = messages[k]["content"].replace("[exit status: 127]", "[exit status: 0]")
+    bad = run(replay_record({**row, "messages": messages}, task, EnvironmentConfig(type="local"), 10, 30))
+    assert bad["reward"] is None and bad["error"].startswith("diverged: command 1 `jq -r"), bad

@@ -25,7 +25,7 @@ def _item(steps: list[tuple[str, int, str]]) -> WorkItem:
                     exit_status=s) for i, (c, s, o) in enumerate(steps)]  # fmt: skip
     history.append(Step(index=len(history), model_text="", action=Action(tool="submit")))
     traj = Trajectory(task_id=TASK.name, instruction=(TASK / "instruction.md").read_text(), system_prompt=SYSTEM_PROMPT,
-                      steps=history, reward=0.0, outcome=Outcome.FAILURE, metadata={"trajectory_id": "t"})  # fmt: skip
+                      steps=history, reward=0.0, outcome=Outcome.FAILURE, metadata={"rollout_id": "t"})  # fmt: skip
     state = localise(traj).primary
     assert state is not None
     return WorkItem(state, traj.instruction, "own", "scripted", 10.0)
@@ -105,3 +105,54 @@ def test_diverged_replay_is_dropped_and_background_processes_force_replay():
 
     unit = _attempts(busy, rebuild="replay")
     assert unit["rebuild"] == "replay" and len(unit["attempts"]) == 2
+
+
+def test_a_snapshot_cache_builds_a_state_once_and_a_child_from_its_parents_snapshot():
+    """materialize with GRPO's snapshot cache: the parent is typed from the task's start and cached; a state that
+    continues it is typed from the parent's snapshot (its cwd and variables restored), only its own commands."""
+    from reterm.recovery.materialize import materialize
+    from reterm.recovery.state import Source, State
+    from reterm.sandbox.local import LocalEnvironment
+    from reterm.training.failure_pool import SnapshotCache
+
+    def bash(i: int, cmd: str, out: str = "", status: int = 0) -> Step:
+        return Step(index=i, model_text="", action=Action(tool="bash", command=cmd, timeout=10), observation=out,
+                    exit_status=status, from_history=True)  # fmt: skip
+
+    head = Trajectory(task_id=TASK.name, instruction="x", system_prompt=SYSTEM_PROMPT)
+    parent = State.from_history(head, [bash(0, "cd /tmp && export MARK=parent && date +%s%N > one.txt")],
+                                category="other", source=Source.OWN, level="in_attempt")  # fmt: skip
+    # the child's own command fails unless it runs in the parent's cwd with its variable; one.txt holds the time it
+    # was written, so a child typed from the parent's snapshot has the parent's one.txt, one typed afresh another
+    child = State.from_history(head, [*parent.history, bash(1, 'test "$MARK" = parent && cat one.txt > two.txt')],
+                               category="other", source=Source.ONLINE, level="in_attempt")  # fmt: skip
+    cache = SnapshotCache(4)
+
+    async def go():
+        made = await materialize(parent, 1, lambda tag: LocalEnvironment.for_task(TASK), cache=cache)
+        assert made.method == "snapshot" and not made.cached and made.snapshot_id and len(made.environments) == 1
+        await made.stop()
+        again = await materialize(parent, 2, lambda tag: LocalEnvironment.for_task(TASK), cache=cache)
+        assert again.cached and again.snapshot_id == made.snapshot_id and len(again.environments) == 2
+        stamp = (await again.environments[0].exec("cat /tmp/one.txt", timeout_sec=30)).stdout.strip()
+        await again.stop()
+        kid = await materialize(child, 2, lambda tag: LocalEnvironment.for_task(TASK), cache=cache, parent=parent)
+        try:
+            assert kid.diverged == 0 and not kid.cached and len(kid.environments) == 2, kid.detail
+            r = await kid.environments[1].exec("cat /tmp/two.txt", timeout_sec=30)
+            assert r.stdout.strip() == stamp
+        finally:
+            await kid.stop()
+        # without the parent the whole history is typed from the task's start: another one.txt
+        alone = await materialize(State(**{**child.__dict__, "id": "alone"}), 1,
+                                  lambda tag: LocalEnvironment.for_task(TASK), cache=cache)  # fmt: skip
+        try:
+            r = await alone.environments[0].exec("cat /tmp/two.txt", timeout_sec=30)
+            assert alone.diverged == 0 and r.stdout.strip() != stamp
+        finally:
+            await alone.stop()
+
+    try:
+        run(go())
+    finally:
+        cache.close()

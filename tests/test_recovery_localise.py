@@ -54,7 +54,7 @@ def jq_then_bug(reward=0.0):
         bash(5, "python3 solve.py", TRACEBACK, 1),                              # faulty implementation
         bash(6, "python3  solve.py", TRACEBACK, 1),                             # the same failure again
         submit(7),
-    ], reward=reward, metadata={"trajectory_id": "traj-a"})
+    ], reward=reward, metadata={"rollout_id": "traj-a"})
 
 
 def test_first_consequential_failure_is_primary():
@@ -72,7 +72,7 @@ def test_first_consequential_failure_is_primary():
     assert all(s.from_history for s in fi.history)
     assert fi.replay_commands == [s.command for s in jq_then_bug().steps[:6]]
     assert fi.replay_timeouts == [None, None, None, None, 10, None]
-    assert fi.task_id == "t1" and fi.trajectory_id == "traj-a" and fi.snapshot_id is None
+    assert fi.task_id == "t1" and fi.origin_id == "traj-a" and fi.snapshot_id is None
     assert fi.trial_passed is False
     # no premature completion: an unresolved failure explains the failed submit
     assert all(s.category != "premature_completion" for s in res.states)

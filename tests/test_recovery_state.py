@@ -60,7 +60,7 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
 
     first = _failed_attempt()
     fs = attempt_end_state(Attempt(TASK_DIR, first))
-    assert fs.level == "attempt_end" and len(fs.id) == 16
+    assert fs.level is Level.ATTEMPT and len(fs.id) == 16
     # content-derived: timings and tool-call ids do not change it; the history does
     again = _failed_attempt()
     again.steps[0].generation_s = 9.0
@@ -92,6 +92,13 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     (online,) = online_states_from_attempt(second, seed, step=1)
     assert online.state_id == attempt_end_state(Attempt(TASK_DIR, second)).id != fs.id
     assert online.state_id == state_id(online.task_id, online.prompt)
+    # one spelling of source and level: the pool entry's State says where it came from like the record does,
+    # the pool's own notion stays beside it
+    assert seed.row()["state_source"] == from_record.pool_row()["state_source"] == "injected"
+    assert seed.row()["pool_origin"] == "seed" and seed.state.level is Level.ATTEMPT and seed.state.id == fs.id
+    assert online.row()["state_source"] == "online" == online.state.source and online.state.level is Level.ATTEMPT
+    old = json.loads(fs.model_dump_json()) | {"level": "attempt_end"}  # a journal written before the one spelling
+    assert type(fs).model_validate(old).level is Level.ATTEMPT and fs.model_dump(mode="json")["level"] == "attempt"
 
     # eval: the item of a recovery attempt from the state
     st = State.from_failure_state(fs, first, source="injected")

@@ -111,7 +111,7 @@ def test_attempt_level_failure_state_in_the_real_sandbox(drills):
 
     firsts, states, recs = asyncio.run(go())
     for first, state, rec in zip(firsts, states, recs):
-        assert state.level == "attempt_end" and state.history[-1].extra["feedback"] == FEEDBACK_MESSAGE
+        assert state.level == "attempt" and state.history[-1].extra["feedback"] == FEEDBACK_MESSAGE
         assert state.replay_commands[0] == first.trajectory.steps[0].command
         assert rec.trajectory.passed, rec.trajectory.task_id
         msgs = rec.trajectory.to_messages()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -226,6 +227,8 @@ def test_live_oracle_forks_at_the_failure_and_verifies(client, server, runs_dir)
     # the saved run replays as a fan-out
     run = Path(summary["run_dir"])
     assert run.parent == runs_dir and (run / "main.json").is_file() and len(list((run / "attempts").glob("*.json"))) == 3
+    saved = [json.loads(p.read_text()) for p in sorted((run / "attempts").glob("*.json"))]
+    assert {t["metadata"]["failure_state"] for t in saved} == {summary["failure"]["id"]}  # named by its state_id
     items, _, _ = client.predict(str(runs_dir), "all", api_name="/open_source")
     group = next(c[1] for c in items["choices"] if "fan-out of 3" in c[0])
     html, data = client.predict(str(runs_dir), group, False, api_name="/show_item")

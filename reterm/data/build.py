@@ -3,11 +3,14 @@
 Builds a ReTerm-10K-style recovery dataset in ``DIR``:
 
 1. **rollout** (:mod:`reterm.data.rollout`): the policy on the train tasks, k attempts each, as a Harbor job;
-2. **failures** (:mod:`reterm.data.failures`): failure states of the failed trials (infrastructure faults
-   set apart), localised and classified by :mod:`reterm.recovery`;
+2. **failures** (:mod:`reterm.data.failures`): the attempt-level failure state of each failed trial
+   (infrastructure faults set apart; :func:`reterm.recovery.attempts.attempt_end_state`: the whole attempt, then
+   the feedback message, as in the drills pipeline), its category from :mod:`reterm.recovery`'s localiser;
    **injection** (:mod:`reterm.data.inject`): more failure states from perturbed successful trajectories;
-3. **recovery** (:mod:`reterm.data.recover`): N attempts forked from each failure state with the recovery
-   policy (:mod:`reterm.data.teacher`), through the kit's harness;
+3. **recovery** (:mod:`reterm.data.recover`): the state rebuilt by
+   :func:`reterm.recovery.materialize.materialize` (the attempt's commands typed again, then forks), N recovery
+   attempts with the recovery policy (:mod:`reterm.data.teacher`) through the kit's harness; records are
+   attempt-level (``target_attempt_index`` 2, trained from the first assistant turn after the feedback);
 4. the verifier on each attempt (same stage): verified recoveries become candidate records, failed
    attempts are kept apart;
 5. **filters** (:mod:`reterm.data.filters`, :mod:`reterm.data.replay_check`): quality (incl. a replay check in a fresh
@@ -47,7 +50,7 @@ from reterm.data.state import ConfigMismatchError, Journal
 from reterm.data.tasks import TaskInfo, benchmark_tasks, check_tasks, eval_tasks, select_tasks
 from reterm.data.teacher import OracleGuidedTeacher, load_recovery_policy
 from reterm.io import write_text_atomic
-from reterm.recovery import FailureState
+from reterm.recovery.state import Source, State
 from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger("pipeline")
@@ -99,17 +102,17 @@ def stage_rollout(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]) 
     return load_rollouts(job_dir, allowed)
 
 
-def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any) -> list[Any]:
+def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any, tasks: list[TaskInfo]) -> list[Any]:
     if not journal.done("failures"):
         st = _Stage(journal, "failures")
-        _say(f"stage 2/6 failures: localising {len(rollouts.failed)} failed trials")
-        mined = mine_states(rollouts.failed, cfg.failures)
-        by_traj = {t.metadata["trajectory_id"]: t for t in rollouts.failed}
+        _say(f"stage 2/6 failures: the attempt-level failure states of {len(rollouts.failed)} failed trials")
+        mined = mine_states(rollouts.failed, cfg.failures, {t.id: t.path for t in tasks})
+        by_traj = {t.metadata["rollout_id"]: t for t in rollouts.failed}
         items = []
         for s in mined.states:
-            traj = by_traj[s.trajectory_id]
-            items.append(WorkItem(s, traj.instruction, "own", traj.policy or cfg.rollout.policy,
-                                  cfg.rollout.command_timeout).to_json())  # fmt: skip
+            traj = by_traj[s.origin_id]
+            items.append(WorkItem(State.from_failure_state(s, traj, Source.OWN), traj.instruction, "own",
+                                  traj.policy or cfg.rollout.policy, cfg.rollout.command_timeout).to_json())  # fmt: skip
         journal.write_unit("failures", "states", {"items": items})
         st.finish(mined.summary())
     return [WorkItem.from_json(d) for d in journal.read_unit("failures", "states")["items"]]
@@ -178,7 +181,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                     if ps and chosen < ic.per_task:
                         plan.append((src, ps.pop(0)))
                         chosen += 1
-        keys = [p.key(src.metadata["trajectory_id"]) for src, p in plan]
+        keys = [p.key(src.metadata["rollout_id"]) for src, p in plan]
         todo = [(k, src, p) for k, (src, p) in zip(keys, plan) if not journal.has_unit("injected", k)]
         bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="injected runs", unit="run")
         task_dirs = {t.id: t.path for t in tasks}
@@ -188,13 +191,14 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                 traj = await inject.run_commands(task_dirs[src.task_id], list(p.commands), env, ic.command_timeout,
                                                  "scripted", instruction=src.instruction)  # fmt: skip
                 with_id(traj)
-                state, why = inject.injected_state(traj, p)
+                fs, why = inject.injected_state(traj, p, task_dirs[src.task_id])
+                state = State.from_failure_state(fs, traj, Source.INJECTED) if fs is not None else None
                 origin = "the reference solution" if src.policy == "oracle" else f"a successful rollout of {src.policy}"
                 journal.write_unit("injected", key, {
-                    "perturbation": p.to_json(), "source_trajectory": src.metadata["trajectory_id"],
+                    "perturbation": p.to_json(), "source_trajectory": src.metadata["rollout_id"],
                     "source_policy": src.policy, "origin": origin, "instruction": src.instruction,
                     "trajectory": traj.model_dump(mode="json"),
-                    "state": state.model_dump(mode="json") if state is not None else None, "reason": why,
+                    "state": state.to_json() if state is not None else None, "reason": why,
                     "infra": traj.outcome.is_infra_fault,
                 })  # fmt: skip
                 bar.update(1)
@@ -220,7 +224,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
     for k in journal.read_unit("injection", "plan")["keys"]:
         u = journal.read_unit("injected", k)
         if u["state"]:
-            state = FailureState.model_validate(u["state"])
+            state = State.from_json(u["state"])
             items.append(WorkItem(state, u["instruction"], "injected", u["source_policy"], ic.command_timeout,
                                   f"{u['perturbation']['description']} (perturbed {u['origin']})"))  # fmt: skip
     return items
@@ -323,7 +327,7 @@ def build(cfg: PipelineConfig, output: str | Path, *, fresh: bool = False) -> Bu
     task_by_id = {t.id: t for t in tasks}
 
     rollouts = stage_rollout(cfg, journal, tasks)
-    own = stage_failures(cfg, journal, rollouts)
+    own = stage_failures(cfg, journal, rollouts, tasks)
     injected = stage_injection(cfg, journal, tasks, rollouts)
     items = choose_items(own + injected, cfg.recovery.max_states)
     units = stage_recovery(cfg, journal, items, tasks)

@@ -1,22 +1,30 @@
-"""Stage 2: failure states of the failed rollouts, localised and classified by :mod:`reterm.recovery`.
+"""Stage 2: the attempt-level failure states of the failed rollouts (the release's protocol).
+
+Each failed attempt is one failure state, made by :func:`reterm.recovery.attempts.attempt_end_state` (the
+function the drills pipeline and the drills evaluation use): the whole attempt as history, the versioned
+feedback message on its last step, ``level=Level.ATTEMPT``; its records get ``target_attempt_index = 2`` and
+train from the first assistant turn after the feedback message. Its category is the one
+:func:`reterm.recovery.localise_many` gives the attempt's first consequential failing step (rules, or rules
+and ``failures.judge``), else the task's declared category.
 
 Only agent failures are mined: trajectories whose outcome is an infrastructure fault were already set
-apart by the rollout stage, and :func:`reterm.recovery.localise` never turns an infrastructure step into a
-failure state. Each failed trajectory contributes the states chosen by ``failures.select``
-(:meth:`reterm.recovery.LocalisationResult.select`: by default the first consequential failure, as the
-paper recovers from). Identical states (same id: the same trajectory content, step and category, e.g.
-two identical greedy episodes) are kept once.
+apart by the rollout stage; a trial that broke its sandbox (docs/SCORING.md) is a scored failure, but its
+state cannot be rebuilt for a recovery attempt. Identical states (same id: the same attempt content, e.g. two
+identical greedy episodes) are kept once. ``failures.select`` and ``max_states_per_trajectory`` pick the
+step whose category labels the attempt (one state per attempt whatever they say).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from reterm.data.config import FailuresConfig
 from reterm.policies import load_policy
 from reterm.recovery import Classifier, FailureState, LLMJudge, localise_many
+from reterm.recovery.attempts import Attempt, attempt_end_state
 from reterm.trajectory import Trajectory
 
 
@@ -34,7 +42,7 @@ class MinedStates:
 
     states: list[FailureState] = field(default_factory=list)
     failed_trials: int = 0
-    unexplained: int = 0  # failed trials without any failure state (e.g. out of turns while working)
+    unexplained: int = 0  # failed trials without a failing step (labelled with the task's category)
     duplicates: int = 0
     broken_sandboxes: int = 0  # failed because the agent broke its sandbox: nothing to recover in
     step_labels: Counter = field(default_factory=Counter)
@@ -51,33 +59,37 @@ class MinedStates:
         }
 
 
-def mine_states(failed: list[Trajectory], cfg: FailuresConfig) -> MinedStates:
-    """Localise the failed trajectories (one batched classifier call) and select their failure states.
+def mine_states(failed: list[Trajectory], cfg: FailuresConfig, task_dirs: dict[str, Path]) -> MinedStates:
+    """One attempt-level failure state per failed trajectory (one batched classifier call for the categories).
 
     Args:
-        failed: trajectories with outcome ``FAILURE`` and ``metadata["trajectory_id"]`` set.
-        cfg: selection mode, per-trajectory cap, optional judge.
+        failed: trajectories with outcome ``FAILURE`` and ``metadata["rollout_id"]`` set.
+        cfg: the step-selection mode whose first state labels the attempt, optional judge.
+        task_dirs: task id -> task folder (the declared category of an attempt without a failing step).
 
     Returns:
-        :class:`MinedStates`, states sorted by (task, id).
+        :class:`MinedStates`, states (``level=Level.ATTEMPT``) sorted by (task, id).
+
+    Raises:
+        KeyError: a trajectory's task is not in ``task_dirs``.
     """
     out = MinedStates(failed_trials=len(failed))
-    # a trial that broke its sandbox (docs/SCORING.md) is a scored failure, but its state cannot be
-    # forked into a recovery attempt: the sandbox no longer runs commands or the verifier
-    kept = [t for t in failed if not t.metadata.get("broken_by_agent")]
-    out.broken_sandboxes = len(failed) - len(kept)
-    failed = kept
+    kept = [t for t in failed if not t.metadata.get("broken_by_agent") and t.steps]
+    out.broken_sandboxes = sum(1 for t in failed if t.metadata.get("broken_by_agent"))
+    out.unexplained = sum(1 for t in failed if not t.steps and not t.metadata.get("broken_by_agent"))
     seen: set[str] = set()
-    for result in localise_many(failed, make_classifier(cfg)):
+    for traj, result in zip(kept, localise_many(kept, make_classifier(cfg))):
         out.step_labels.update(label for label in result.step_labels if label)
         chosen = result.select(cfg.select, cfg.max_states_per_trajectory)
-        if not chosen:
+        state = attempt_end_state(Attempt(task_dirs[traj.task_id], traj))
+        if chosen:
+            state.category = chosen[0].category
+        else:
             out.unexplained += 1
-        for state in chosen:
-            if state.id in seen:
-                out.duplicates += 1
-                continue
-            seen.add(state.id)
-            out.states.append(state)
+        if state.id in seen:
+            out.duplicates += 1
+            continue
+        seen.add(state.id)
+        out.states.append(state)
     out.states.sort(key=lambda s: (s.task_id, s.id))
     return out

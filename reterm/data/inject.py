@@ -5,9 +5,10 @@ are successful trajectories: the task's reference solution run through the harne
 oracle (:class:`reterm.policies.scripted.OraclePolicy`), and the policy's own successful rollouts.
 One step is perturbed, the whole perturbed command list is executed **for real** in a fresh sandbox
 through the harness (:class:`reterm.policies.scripted.ScriptedPolicy`, then the verifier), and the run is
-localised with :func:`reterm.recovery.localise`. The perturbation is kept only if the localiser finds a
-failure at or after the perturbed step (it really failed); the failure state, its category and its
-history are the localiser's, exactly as for the policy's own failures. Records from it say
+localised with :func:`reterm.recovery.localise`. The perturbation is kept only if the verifier fails the run
+and the localiser finds a failure at or after the perturbed step (it really failed); the failure state is
+the run's attempt-level one (:func:`reterm.recovery.attempts.attempt_end_state`, exactly as for the policy's
+own failures), labelled with the category of the step the perturbation broke. Records from it say
 ``failure_source="injected"`` and describe the perturbation in ``injection``.
 
 Perturbations (``kind``; each returns a new command list):
@@ -34,13 +35,15 @@ import random
 import re
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.data.environments import make_environment, stop_quietly
 from reterm.policies.scripted import ScriptedPolicy
 from reterm.recovery import localise
-from reterm.trajectory import Trajectory
+from reterm.recovery.attempts import Attempt, attempt_end_state
+from reterm.trajectory import Outcome, Trajectory
 
 _WORD = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{2,}$")
 _SHELL_WORDS = {"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac",
@@ -247,7 +250,7 @@ def commands_of(traj: Trajectory) -> list[str]:
 def choose(traj: Trajectory, kinds: list[str], n: int, seed: int) -> list[Perturbation]:
     """Up to ``n`` perturbations of ``traj``, spread over ``kinds`` (round robin, seeded by ``seed`` and the
     trajectory's task), each a distinct command list."""
-    base = hashlib.sha256(f"{seed}:{traj.task_id}:{traj.metadata.get('trajectory_id', '')}".encode()).hexdigest()
+    base = hashlib.sha256(f"{seed}:{traj.task_id}:{traj.metadata.get('rollout_id', '')}".encode()).hexdigest()
     cmds = commands_of(traj)
     pools = []
     for kind in kinds:
@@ -290,14 +293,17 @@ async def run_commands(task_dir: Any, commands: list[str], environment: Any, tim
     return traj
 
 
-def injected_state(traj: Trajectory, perturbation: Perturbation) -> tuple[Any, str]:
-    """(failure state, "") when the localiser finds the perturbed run failing at or after the perturbed
-    step, else (None, why not).
+def injected_state(traj: Trajectory, perturbation: Perturbation, task_dir: str | Path) -> tuple[Any, str]:
+    """(attempt-level failure state, "") when the perturbed run failed the verifier and the localiser finds it
+    failing at or after the perturbed step, else (None, why not).
 
-    The steps before the perturbed one are the successful source's, so they are localised as history
-    (``prefix_len`` = the perturbed step): a failure the source itself had and resolved (a solution that
-    first runs the failing tests, say) is context, and a failure that only comes back because of the
-    perturbation counts at the step where it comes back.
+    The state is :func:`reterm.recovery.attempts.attempt_end_state` of the perturbed run (the whole attempt,
+    then the feedback message: the release's protocol, as for the policy's own failures); its category,
+    command, output and evidence are those of the failing step the perturbation caused. The steps before the
+    perturbed one are the successful source's, so they are localised as history (``prefix_len`` = the
+    perturbed step): a failure the source itself had and resolved (a solution that first runs the failing
+    tests, say) is context, and a failure that only comes back because of the perturbation counts at the step
+    where it comes back.
     """
 
     if traj.outcome.is_infra_fault:
@@ -306,4 +312,10 @@ def injected_state(traj: Trajectory, perturbation: Perturbation) -> tuple[Any, s
     primary = localise(view).primary
     if primary is None:
         return None, "did not fail (no failure state found)"
-    return primary, ""
+    if traj.outcome is not Outcome.FAILURE or traj.metadata.get("broken_by_agent"):
+        why = "broke its sandbox" if traj.metadata.get("broken_by_agent") else f"outcome {traj.outcome.value}"
+        return None, f"the perturbed attempt is not a recoverable failed attempt ({why})"
+    state = attempt_end_state(Attempt(Path(task_dir), traj))
+    state.category, state.command, state.output = primary.category, primary.command, primary.output
+    state.exit_status, state.evidence, state.confidence = primary.exit_status, primary.evidence, primary.confidence
+    return state, ""

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, run_episodes
+from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.data.config import EnvironmentConfig, RecoveryConfig
 from reterm.data.environments import make_environment, stop_quietly
 from reterm.recovery import FailureState
 from reterm.recovery.materialize import materialize
+from reterm.recovery.state import State
 from reterm.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -36,26 +38,40 @@ logger = logging.getLogger(__name__)
 class WorkItem:
     """A failure state to recover from, with where it came from.
 
-    ``instruction`` is the instruction the failing episode was shown (the prefix's user message);
-    ``source`` is ``own`` or ``injected``; ``default_timeout`` is the command timeout the failing episode
-    used for commands without one (applied on replay).
+    ``state`` is a :class:`reterm.recovery.state.State` (a localiser's
+    :class:`reterm.recovery.localise.FailureState` is converted at once, its history shown after the kit's
+    system prompt and ``instruction``); ``instruction`` is the instruction the failing episode was shown (the
+    prefix's user message); ``source`` is ``own`` or ``injected`` (the state's :class:`Source`);
+    ``default_timeout`` is the command timeout the failing episode used for commands without one (applied on
+    replay).
+
+    Raises:
+        ValueError: a ``State`` whose source is not ``source``.
     """
 
-    state: FailureState
+    state: State
     instruction: str
     source: str
     source_policy: str
     default_timeout: float
     injection: str = ""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.state, FailureState):
+            head = Trajectory(task_id=self.state.task_id, instruction=self.instruction, system_prompt=SYSTEM_PROMPT)
+            self.state = State.from_failure_state(self.state, head, self.source)
+        if self.state.source != self.source:
+            raise ValueError(f"failure state {self.state.id}: source {self.state.source.value!r}, "
+                             f"work item says {self.source!r}")
+
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state.model_dump(mode="json"), "instruction": self.instruction, "source": self.source,
+        return {"state": self.state.to_json(), "instruction": self.instruction, "source": self.source,
                 "source_policy": self.source_policy, "default_timeout": self.default_timeout,
                 "injection": self.injection}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "WorkItem":
-        return cls(state=FailureState.model_validate(data["state"]), instruction=data["instruction"],
+        return cls(state=State.from_json(data["state"]), instruction=data["instruction"],
                    source=data["source"], source_policy=data["source_policy"],
                    default_timeout=data["default_timeout"], injection=data.get("injection", ""))  # fmt: skip
 

@@ -7,7 +7,7 @@ environment ``reterm.sandbox.local:LocalEnvironment`` here or a Harbor cloud env
 recipe. The job folder lives in the build's working folder; Harbor resumes it after an interruption
 (trials without ``result.json`` are removed and run again), so a killed build loses at most the trials
 that were running. Trajectories come back from the trial folders with
-:func:`reterm.agent.atif.trajectories_from_job` and get a content-hash id (``metadata["trajectory_id"]``)
+:func:`reterm.agent.atif.trajectories_from_job` and get a content-hash id (``metadata["rollout_id"]``)
 that failure-state and record ids build on.
 
 ``policy: scripted`` runs :class:`ScriptedReTermAgent`, the same harness with a
@@ -66,7 +66,7 @@ class ScriptedReTermAgent(ReTermAgent):
         self.policy = ScriptedPolicy(self.scripts[task_id], name="scripted")
 
 
-def trajectory_id(traj: Trajectory) -> str:
+def rollout_id(traj: Trajectory) -> str:
     """16 hex chars of a sha256 over what an episode did (task, policy, every step's text, command,
     observation, exit status, time-out; reward and outcome). Equal episodes share it; timings are left out."""
     steps = [[s.model_text, s.command, s.parse_error, s.observation, s.exit_status, s.timed_out] for s in traj.steps]
@@ -76,8 +76,9 @@ def trajectory_id(traj: Trajectory) -> str:
 
 
 def with_id(traj: Trajectory) -> Trajectory:
-    """``traj`` with ``metadata["trajectory_id"]`` set (read by :func:`reterm.recovery.localise`)."""
-    traj.metadata["trajectory_id"] = trajectory_id(traj)
+    """``traj`` with ``metadata["rollout_id"]`` set (read by :func:`reterm.recovery.localise` as a failure state's
+    ``origin_id``; not a state id: the dataset's ``trajectory_id`` column is the state's id)."""
+    traj.metadata["rollout_id"] = rollout_id(traj)
     return traj
 
 
@@ -259,7 +260,7 @@ def load_rollouts(job_dir: Path, allowed_tasks: set[str] | None = None) -> Rollo
             raise ValueError(f"{trial}: trial of task {traj.task_id!r}, which is not in the build's task set")
         with_id(traj)
         (out.infra_faults if traj.outcome.is_infra_fault else out.trajectories).append(traj)
-    key = lambda t: (t.task_id, t.metadata["trajectory_id"])  # noqa: E731
+    key = lambda t: (t.task_id, t.metadata["rollout_id"])  # noqa: E731
     out.trajectories.sort(key=key)
     out.infra_faults.sort(key=key)
     return out

@@ -25,8 +25,7 @@ from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.policies import load_policy
 from reterm.policies.base import Generation
 from reterm.policies.scripted import CallFormat, bash_call, submit_call
-from reterm.recovery import FailureState
-from reterm.recovery.state import state_id
+from reterm.recovery.state import State, state_id
 from reterm.trajectory import Trajectory
 
 ORACLE_GUIDED = "oracle-guided"
@@ -57,7 +56,7 @@ def _first_line(command: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def diagnosis(state: FailureState, next_command: str | None) -> str:
+def diagnosis(state: State, next_command: str | None) -> str:
     """The teacher's first-turn text: what failed, why (the category), and what comes next."""
     evidence = (state.evidence or "").strip()
     if not evidence or evidence not in (state.output or ""):  # else the last line the command printed
@@ -75,13 +74,13 @@ def diagnosis(state: FailureState, next_command: str | None) -> str:
     return f"{head} Diagnosis ({state.category.replace('_', ' ')}): {cause}{nxt}"
 
 
-def prefix_messages(instruction: str, state: FailureState) -> list[dict[str, Any]]:
+def prefix_messages(instruction: str, state: State) -> list[dict[str, Any]]:
     """The conversation of a failure state as the harness shows it: system, instruction, history."""
     return Trajectory(task_id=state.task_id, instruction=instruction, system_prompt=SYSTEM_PROMPT,
                       steps=state.history).to_messages()  # fmt: skip
 
 
-def resume_position(solution: list[str], state: FailureState) -> int:
+def resume_position(solution: list[str], state: State) -> int:
     """Index of the first solution step the prefix has not run successfully (exit 0, not timed out).
 
     The failing command itself also counts as run when the solution has it verbatim: it is a step
@@ -136,13 +135,13 @@ class OracleGuidedTeacher:
             self._solutions[task_id] = list(solution_steps(self.tasks[task_id]))
         return self._solutions[task_id]
 
-    def plan(self, state: FailureState) -> Plan:
+    def plan(self, state: State) -> Plan:
         """The plan for ``state``: diagnosis, then the solution from :func:`resume_position`."""
         solution = self.solution(state.task_id)
         commands = tuple(solution[resume_position(solution, state):])
         return Plan(diagnosis(state, commands[0] if commands else None), commands)
 
-    def register(self, state: FailureState, instruction: str) -> Plan:
+    def register(self, state: State, instruction: str) -> Plan:
         """Make the teacher answer conversations that start with this failure state's prefix."""
         messages = prefix_messages(instruction, state)
         plan = self.plan(state)

@@ -32,7 +32,6 @@ from reterm.data.recover import WorkItem
 from reterm.data.tasks import TaskInfo
 from reterm.io import atomic_output, default_mode, write_text_atomic
 from reterm.record_features import FEATURES
-from reterm.recovery.state import State
 from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
 FAILED_DIR = "failed_attempts"
@@ -44,11 +43,10 @@ def make_record(item: WorkItem, attempt: Trajectory, task: TaskInfo, scored: int
     """The row of one recovery attempt from ``item``'s failure state, written by the one record writer
     (:meth:`reterm.recovery.state.State.to_record`: the release columns, ``target_attempt_index`` from the
     state's level, ``trajectory_id`` the state's id)."""
-    fs = item.state
-    return State.from_failure_state(fs, attempt, item.source).to_record(
-        attempt, task_license=task.license, failure_step=fs.step, injection=item.injection,
-        failure_command=fs.command or "", failure_output=fs.output or "", attempts=scored,
-        successful_attempts=successes, source_policy=item.source_policy)  # fmt: skip
+    st = item.state
+    return st.to_record(attempt, task_license=task.license, failure_step=st.step, injection=item.injection,
+                        failure_command=st.command, failure_output=st.output, attempts=scored,
+                        successful_attempts=successes, source_policy=item.source_policy)  # fmt: skip
 
 
 def attempt_trajectories(unit: dict[str, Any]) -> list[Trajectory]:

@@ -38,10 +38,10 @@ from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.eval.metrics import TrialScore
 from reterm.policies import load_policy
-from reterm.recovery.localise import FailureState, localise_many
+from reterm.recovery.localise import localise_many
 from reterm.recovery.materialize import materialize
 from reterm.recovery.metrics import attempt_recovery, in_trial_recovery
-from reterm.recovery.state import Level, State
+from reterm.recovery.state import Source, State
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Trajectory
 
@@ -127,13 +127,13 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: cannot read ReTerm-10K records ({exc})") from exc
 
 
-def states_from_records(path: str | Path) -> list[Any]:
-    """:class:`reterm.recovery.localise.FailureState` objects from ReTerm-10K records.
+def states_from_records(path: str | Path) -> list[State]:
+    """:class:`reterm.recovery.state.State` objects from ReTerm-10K records.
 
     The state is :meth:`reterm.recovery.state.State.from_record` (its id is the content-derived
     :func:`reterm.recovery.state.state_id`, the same the dataset's ``trajectory_id`` and the GRPO pool's
-    ``state_id`` give it; history ``messages[:train_from_message_index]``); ``trajectory_id`` keeps the
-    record's ``id``.
+    ``state_id`` give it; history ``messages[:train_from_message_index]``); the record's ``failure_step``,
+    ``failure_command`` and ``failure_output`` are the state's ``step``, ``command`` and ``output``.
     Raises ``ValueError`` naming the file and record id for a record whose prefix cannot be read.
     """
 
@@ -143,26 +143,23 @@ def states_from_records(path: str | Path) -> list[Any]:
         rid = row.get("id") or f"#{i}"
         try:
             st = State.from_record({**row, "id": rid})
-            history = st.history
-            replay = list(row.get("replay_commands") or st.replay_commands)
-            states.append(FailureState(
-                id=st.id, task_id=row["task_id"], trajectory_id=str(rid),
-                step=int(row.get("failure_step", len(history) - 1)), category=row["failure_category"],
-                confidence=1.0, source="record", command=row.get("failure_command") or None,
-                output=row.get("failure_output") or "", history=history, history_len=len(history),
-                replay_commands=replay, replay_timeouts=[None] * len(replay),
-                level="attempt_end" if st.level is Level.ATTEMPT else "first_failing_step",
-            ))  # fmt: skip
+            st.replay_commands = list(row.get("replay_commands") or st.replay_commands)
+            st.replay_timeouts = [None] * len(st.replay_commands)
+            st.category = row["failure_category"]
+            st.step = int(row.get("failure_step", len(st.history) - 1))
+            st.command, st.output = row.get("failure_command") or "", row.get("failure_output") or ""
+            states.append(st)
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path}: record {rid}: not a usable failure state ({exc})") from exc
     return states
 
 
-def states_from_jobs(job_dirs: Iterable[str | Path]) -> list[Any]:
+def states_from_jobs(job_dirs: Iterable[str | Path]) -> list[State]:
     """The primary failure state of every failed trial in Harbor job folders (rules-only localisation)."""
 
     failed = [t for d in job_dirs for t in trajectories_from_job(d) if t.outcome is Outcome.FAILURE]
-    return [r.primary for r in localise_many(failed) if r.primary is not None]
+    return [State.from_failure_state(r.primary, t, Source.OWN) for t, r in zip(failed, localise_many(failed))
+            if r.primary is not None]  # fmt: skip
 
 
 def select_states(states: list[Any], max_states: int | None) -> list[Any]:

@@ -9,7 +9,7 @@ one feedback message (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`, versioned;
 tests) carried by the attempt's last step (``step.extra["feedback"]``, rendered by
 :func:`reterm.agent.protocol.step_messages`).
 
-The failure state is one :class:`reterm.recovery.localise.FailureState` with ``level="attempt_end"``,
+The failure state is one :class:`reterm.recovery.localise.FailureState` with ``level=Level.ATTEMPT``,
 ``history`` = the whole attempt (feedback on its last step), ``snapshot_id`` = the local sandbox snapshot;
 its ``category`` is the localiser's (the first consequential failing step), or the task's declared category
 when the localiser finds no failing step (e.g. only parse errors).
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
-from reterm.agent.protocol import FEEDBACK_MESSAGE
+from reterm.agent.protocol import FEEDBACK_MESSAGE, SYSTEM_PROMPT
 from reterm.recovery.localise import FailureState, localise
 from reterm.recovery.materialize import materialize
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import Level, Source, State, state_id_of
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -80,7 +80,7 @@ def with_feedback(steps: Sequence[Step], feedback: str = FEEDBACK_MESSAGE) -> li
 
 
 def attempt_end_state(attempt: Attempt) -> FailureState:
-    """The attempt-level :class:`FailureState` of a failed attempt (``level="attempt_end"``).
+    """The attempt-level :class:`FailureState` of a failed attempt (``level=Level.ATTEMPT``).
 
     Raises:
         ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step.
@@ -96,22 +96,33 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     last = history[-1]
     sid = state_id_of(traj, history)
     return FailureState(
-        id=sid, task_id=traj.task_id, trajectory_id=str(traj.metadata.get("trajectory_id", "")),
+        id=sid, task_id=traj.task_id, origin_id=str(traj.metadata.get("rollout_id", "")),
         step=len(history) - 1, category=category, confidence=primary.confidence if primary else 0.5,
         source="localiser" if primary else "task", evidence=primary.evidence if primary else "",
         command=primary.command if primary else last.command, output=primary.output if primary else last.observation,
         exit_status=primary.exit_status if primary else last.exit_status,
         history=history, history_len=len(history), replay_commands=commands, replay_timeouts=timeouts,
         snapshot_id=attempt.snapshot.id if attempt.snapshot is not None else None,
-        trial_passed=False, primary=True, level="attempt_end",
+        trial_passed=False, primary=True, level=Level.ATTEMPT,
     )  # fmt: skip
 
 
-async def _start(task_dir: Path, state: FailureState | None = None, snapshot: Any = None) -> Any:
+def as_state(state: FailureState | State, task_dir: Path, source: str = Source.OWN) -> State:
+    """``state`` as a :class:`State` (a localiser's ``FailureState`` converted, its history shown after the kit's
+    system prompt and the task's instruction, as :func:`run_attempts` shows it)."""
+    if isinstance(state, State):
+        return state
+    task = load_task(task_dir)
+    head = Trajectory(task_id=state.task_id, instruction=task.instruction, system_prompt=SYSTEM_PROMPT)
+    return State.from_failure_state(state, head, source)
+
+
+async def _start(task_dir: Path, state: FailureState | State | None = None, snapshot: Any = None) -> Any:
     from reterm.sandbox.local import LocalEnvironment
 
     if snapshot is not None:  # the state's snapshot, forked (the one rebuild: reterm.recovery.materialize)
-        return (await materialize(state, 1, None, method="snapshot", snapshot=snapshot)).environments[0]
+        made = await materialize(as_state(state, task_dir), 1, None, method="snapshot", snapshot=snapshot)
+        return made.environments[0]
     env = LocalEnvironment.for_task(task_dir)
     await env.start(force_build=False)
     return env
@@ -121,7 +132,7 @@ async def run_attempts(
     policy: Any,
     task_dirs: Sequence[str | Path],
     *,
-    states: Sequence[FailureState | None] | None = None,
+    states: Sequence[FailureState | State | None] | None = None,
     snapshots: Sequence[Any] | None = None,
     max_turns: int = 4,
     command_timeout_s: float = 15.0,

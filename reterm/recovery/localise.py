@@ -42,12 +42,12 @@ import difflib
 import re
 from typing import Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from reterm.recovery import shell
 from reterm.recovery.classify import Classification, StepRecord, running_program
 from reterm.recovery.judge import Classifier
-from reterm.recovery.state import state_id_of
+from reterm.recovery.state import Level, state_id_of
 from reterm.recovery.taxonomy import Category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -64,7 +64,7 @@ class FailureState(BaseModel):
     Attributes:
         id: the content-derived state id (:func:`reterm.recovery.state.state_id` of the task and the
             history's messages): dedup and resume key, the same in the dataset, GRPO and the eval.
-        task_id, trajectory_id: where it came from (``trajectory_id`` from ``metadata["trajectory_id"]``
+        task_id, origin_id: where it came from (``origin_id``: the trajectory's ``metadata["rollout_id"]``
             or ``metadata["id"]``, else "").
         step: index in ``Trajectory.steps`` of the failing step (0-based).
         category: a failure category id of :class:`~reterm.recovery.taxonomy.Category`.
@@ -86,14 +86,15 @@ class FailureState(BaseModel):
         consequential: not resolved later in the trajectory.
         primary: the failure state of this trajectory (see module docstring).
         trial_passed: the verifier's verdict on the trajectory (``None`` when unscored).
-        level: ``attempt_end`` (the release's protocol: the files a whole failed attempt left, recovered by a
-            second attempt after a feedback message; :mod:`reterm.recovery.attempts`) or
-            ``first_failing_step`` (the recovery continues the same attempt after its failing step).
+        level: a :class:`reterm.recovery.state.Level` (the one spelling): ``attempt`` (the release's protocol:
+            the files a whole failed attempt left, recovered by a second attempt after a feedback message;
+            :mod:`reterm.recovery.attempts`) or ``in_attempt`` (the recovery continues the same attempt after
+            its failing step). The older words ``attempt_end`` / ``first_failing_step`` are read as these.
     """
 
     id: str
     task_id: str
-    trajectory_id: str = ""
+    origin_id: str = ""
     step: int
     category: str
     confidence: float
@@ -114,7 +115,12 @@ class FailureState(BaseModel):
     consequential: bool = True
     primary: bool = False
     trial_passed: bool | None = None
-    level: Literal["first_failing_step", "attempt_end"] = "first_failing_step"
+    level: Level = Level.IN_ATTEMPT
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _level(cls, value: object) -> Level:
+        return Level.parse(value)
 
 
 class InfraTag(BaseModel):
@@ -134,7 +140,7 @@ class LocalisationResult(BaseModel):
     """
 
     task_id: str
-    trajectory_id: str = ""
+    origin_id: str = ""
     outcome: Outcome
     reward: float | None = None
     infra_fault: bool = False
@@ -214,8 +220,8 @@ def step_records(trajectory: Trajectory) -> list[StepRecord]:
     return records
 
 
-def _trajectory_id(trajectory: Trajectory) -> str:
-    return str(trajectory.metadata.get("trajectory_id") or trajectory.metadata.get("id") or "")
+def _origin_id(trajectory: Trajectory) -> str:
+    return str(trajectory.metadata.get("rollout_id") or trajectory.metadata.get("id") or "")
 
 
 def _similar(a: str | None, b: str | None, threshold: float) -> bool:
@@ -307,13 +313,13 @@ def _make_state(trajectory: Trajectory, step: int, history_len: int, category: s
     history = trajectory.prefix(history_len)
     replay = [s.command for s in history if s.command]
     timeouts = [s.action.timeout if s.action else None for s in history if s.command]
-    tid = _trajectory_id(trajectory)
+    tid = _origin_id(trajectory)
     s = trajectory.steps[step]
     verdict = trajectory.passed if trajectory.outcome in (Outcome.SUCCESS, Outcome.FAILURE) else None
     return FailureState(
         id=state_id_of(trajectory, history),
         task_id=trajectory.task_id,
-        trajectory_id=tid,
+        origin_id=tid,
         step=step,
         category=category,
         confidence=confidence,
@@ -346,7 +352,7 @@ def _localise_one(trajectory: Trajectory, labels: list[Classification], include_
     steps = trajectory.steps
     result = LocalisationResult(
         task_id=trajectory.task_id,
-        trajectory_id=_trajectory_id(trajectory),
+        origin_id=_origin_id(trajectory),
         outcome=trajectory.outcome,
         reward=trajectory.reward,
     )

@@ -16,6 +16,11 @@ Methods (``method``, the same names everywhere):
   one with the history typed in (the ``n`` rebuilds run concurrently; cost grows with the history, where a
   fork's does not: ``bench/sandbox_fork.py`` measures both through this function).
 - **auto**: snapshot when the state has one, else fork when the environment can fork, else replay.
+- **a snapshot cache** (``cache``, GRPO's :class:`reterm.training.failure_pool.SnapshotCache`; local sandbox): the
+  state's snapshot comes from the cache, or is made once (concurrent callers of one state wait for the same
+  build) and put there: typed from the cached snapshot of ``parent`` when the state's messages begin with the
+  parent's (only the commands after the parent's are typed, in a shell with the parent's cwd and variables),
+  else from the task's start; then ``n`` forks of it.
 
 **Divergence check**: a rebuild *diverged* when a typed command's exit status or time-out differs from the
 recorded step (a command that depends on time, randomness or a process that is gone). A diverged rebuild is
@@ -31,15 +36,17 @@ Own code: Harbor has no snapshot, fork or replay of an environment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.agent.terminal import TerminalSession
-from reterm.recovery.localise import FailureState
-from reterm.recovery.state import State
+from reterm.recovery.state import State, canonical_messages
+from reterm.trajectory import Step
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +71,8 @@ class Materialized:
         method: ``snapshot`` | ``fork`` | ``replay`` (what was done; ``""`` when nothing was made).
         diverged: rebuilds dropped because they diverged (never handed out, never scored).
         detail: why the method changed or what diverged ("" when nothing to say).
+        snapshot_id, cached: with a snapshot cache, the snapshot forked from and whether it was there already.
+        rebuild_s, fork_s: seconds spent getting the state's snapshot and forking it (snapshot cache only).
     """
 
     environments: list[Any] = field(default_factory=list)
@@ -71,6 +80,10 @@ class Materialized:
     method: str = ""
     diverged: int = 0
     detail: str = ""
+    snapshot_id: str = ""
+    cached: bool = False
+    rebuild_s: float = 0.0
+    fork_s: float = 0.0
     stop_environment: Callable[[Any], Awaitable[None]] | None = None
 
     async def stop(self) -> None:
@@ -94,15 +107,17 @@ def can_fork(environment: Any) -> bool:
     return callable(getattr(environment, "fork", None)) and callable(getattr(environment, "snapshot", None))
 
 
-async def type_history(session: TerminalSession, state: State | FailureState, default_timeout: float) -> None:
-    """Type the bash commands of ``state.history`` into ``session`` with their recorded timeouts
-    (``state.replay_timeouts``, else each step's ``action.timeout``; ``None``: ``default_timeout``, seconds).
+async def type_history(session: TerminalSession, history: Sequence[Step], default_timeout: float,
+                       timeouts: Sequence[float | None] = ()) -> None:  # fmt: skip
+    """Type the bash commands of ``history`` (a state's steps, or the part after a parent state's) into
+    ``session`` with their recorded timeouts (``timeouts``, one per bash command, e.g. ``State.replay_timeouts``;
+    else each step's ``action.timeout``; ``None``: ``default_timeout``, seconds).
 
     Raises:
         Diverged: a command's exit status or time-out differs from the recorded step (message says which).
     """
-    steps = [s for s in state.history if s.command]
-    timeouts = list(getattr(state, "replay_timeouts", None) or [])
+    steps = [s for s in history if s.command]
+    timeouts = list(timeouts)
     timeouts += [s.action.timeout if s.action else None for s in steps[len(timeouts):]]
     for i, (step, timeout) in enumerate(zip(steps, timeouts)):
         result = await session.run(step.command or "", timeout=timeout or default_timeout)
@@ -129,7 +144,7 @@ async def user_processes(environment: Any) -> list[str]:
     return out
 
 
-async def _rebuild(make_environment: MakeEnvironment, state: State | FailureState, tag: str, default_timeout: float,
+async def _rebuild(make_environment: MakeEnvironment, state: State, tag: str, default_timeout: float,
                    stop: Callable[[Any], Awaitable[None]] | None) -> tuple[Any, TerminalSession]:  # fmt: skip
     env = make_environment(tag)
     if asyncio.iscoroutine(env):
@@ -137,20 +152,84 @@ async def _rebuild(make_environment: MakeEnvironment, state: State | FailureStat
     try:
         await env.start(force_build=False)
         session = await TerminalSession.start(env)
-        await type_history(session, state, default_timeout)
+        await type_history(session, state.history, default_timeout, state.replay_timeouts)
     except BaseException:
         await _stop(env, stop)
         raise
     return env, session
 
 
+async def _cached_snapshot(state: State, make_environment: MakeEnvironment, cache: Any, parent: State | None,
+                           default_timeout: float, stop: Callable[[Any], Awaitable[None]] | None,
+                           extra: dict[str, Any] | None) -> tuple[Any, bool]:  # fmt: skip
+    """``(snapshot of state, whether it was cached)``: from ``cache``, else built once (see :func:`materialize`).
+
+    Raises:
+        Diverged: a typed command ended differently than recorded (callers waiting on the same build too).
+        Exception: faults of the environment while rebuilding, after clean-up.
+    """
+    from reterm.sandbox.local import LocalEnvironment
+
+    snap = cache.get(state.id)
+    if snap is not None:
+        return snap, True
+    building = getattr(cache, "building", None)
+    building = building if building is not None else {}
+    fut = building.get(state.id)
+    if fut is not None:  # another caller is building it
+        return await asyncio.shield(fut), True
+    fut = asyncio.get_running_loop().create_future()
+    building[state.id] = fut
+    env = None
+    try:
+        steps, timeouts, restore = list(state.history), list(state.replay_timeouts), None
+        parent_snap = cache.get(parent.id) if parent is not None else None
+        if parent_snap is not None and canonical_messages(state.messages[: len(parent.messages)]) == canonical_messages(
+                parent.messages):  # fmt: skip
+            cache.pin([parent.id])
+            (env,) = await LocalEnvironment.from_snapshot(parent_snap, 1)
+            restore = await TerminalSession.saved_state(env)
+            steps, timeouts = steps[len(parent.history):], []  # each step's own timeout
+        else:
+            env = make_environment("rebuild")
+            if asyncio.iscoroutine(env):
+                env = await env
+            await env.start(force_build=False)
+        if any(s.command for s in steps):
+            session = await TerminalSession.start(env, restore=restore)
+            try:
+                await type_history(session, steps, default_timeout, timeouts)
+            finally:
+                with contextlib.suppress(Exception):
+                    await session.close()
+        snap = await env.snapshot(extra=dict(extra or {}))
+        cache.put(state.id, snap)
+        fut.set_result(snap)
+        return snap, False
+    except Exception as exc:
+        fut.set_exception(exc)
+        fut.exception()  # retrieved: callers waiting on it re-raise it themselves
+        raise
+    except BaseException:
+        fut.cancel()
+        raise
+    finally:
+        building.pop(state.id, None)
+        if env is not None:
+            await _stop(env, stop)
+
+
 async def materialize(
-    state: State | FailureState,
+    state: State,
     n: int,
     make_environment: MakeEnvironment | None,
     *,
     method: str = "auto",
     snapshot: Any = None,
+    cache: Any = None,
+    parent: State | None = None,
+    snapshot_extra: dict[str, Any] | None = None,
+    fork_kwargs: dict[str, Any] | None = None,
     default_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
     stop_environment: Callable[[Any], Awaitable[None]] | None = None,
 ) -> Materialized:
@@ -158,13 +237,19 @@ async def materialize(
 
     Args:
         state: the failure state: its ``history`` (steps with commands and recorded exit statuses),
-            ``replay_timeouts`` and, for a :class:`reterm.recovery.state.State`, its ``snapshot`` (a localiser's
-            :class:`reterm.recovery.localise.FailureState` is accepted while the data stage still passes one).
+            ``replay_timeouts`` and ``snapshot``.
         n: how many environments (>= 1).
         make_environment: ``make_environment(tag)`` -> a new, not started environment of the state's task
             (may be ``None`` with a snapshot).
         method: one of :data:`METHODS`.
         snapshot: a local-sandbox snapshot of the state (default ``state.snapshot`` when it has one).
+        cache: a snapshot cache (``get(state_id)``, ``put(state_id, snapshot)``, ``pin(state_ids)``, optional
+            ``building`` dict): the state's snapshot is taken from it or made once and put there (method
+            ``auto`` or ``snapshot``; local sandbox).
+        parent: with ``cache``, a state this one continues (a GRPO online state's parent): its cached snapshot
+            is the start of the rebuild when the state's messages begin with the parent's.
+        snapshot_extra: with ``cache``, metadata stored with a snapshot made here.
+        fork_kwargs: passed to ``LocalEnvironment.from_snapshot`` for the forks (e.g. ``persistent_env``).
         default_timeout: seconds, for typed commands recorded without a timeout.
         stop_environment: how to stop an environment (default ``env.stop(delete=True)``, errors ignored).
 
@@ -172,22 +257,46 @@ async def materialize(
         A :class:`Materialized`; ``environments`` is empty when every rebuild diverged.
 
     Raises:
+        TypeError: ``state`` is not a :class:`State`.
         ValueError: ``n < 1``, an unknown ``method``, ``snapshot`` without one, ``fork`` on an environment
             without a snapshot fork, or no ``make_environment`` when one is needed.
         Exception: faults of the environment while rebuilding (infrastructure faults), after clean-up.
     """
+    if not isinstance(state, State):
+        raise TypeError(f"materialize: expected a reterm.recovery.state.State, got {type(state).__name__} "
+                        "(a localiser's FailureState converts with State.from_failure_state)")
     if n < 1:
         raise ValueError(f"materialize: n must be >= 1, got {n}")
     if method not in METHODS:
         raise ValueError(f"materialize: method {method!r} is not one of {METHODS}")
-    snapshot = snapshot if snapshot is not None else getattr(state, "snapshot", None)
+    snapshot = snapshot if snapshot is not None else state.snapshot
     out = Materialized(stop_environment=stop_environment)
-    if method == "snapshot" or (method == "auto" and snapshot is not None):
-        if snapshot is None:
-            raise ValueError(f"materialize: method 'snapshot' but failure state {getattr(state, 'id', '?')} has none")
+    if cache is not None and snapshot is None:
+        if method not in ("auto", "snapshot"):
+            raise ValueError(f"materialize: a snapshot cache needs method 'auto' or 'snapshot', not {method!r}")
+        if make_environment is None:
+            raise ValueError("materialize: no make_environment to rebuild the state with")
         from reterm.sandbox.local import LocalEnvironment
 
-        out.environments = list(await LocalEnvironment.from_snapshot(snapshot, n))
+        t0 = time.monotonic()
+        out.method = "snapshot"
+        try:
+            snap, out.cached = await _cached_snapshot(state, make_environment, cache, parent, default_timeout,
+                                                      stop_environment, snapshot_extra)  # fmt: skip
+        except Diverged as exc:
+            out.diverged, out.detail, out.rebuild_s = n, str(exc), time.monotonic() - t0
+            return out
+        out.rebuild_s, out.snapshot_id = time.monotonic() - t0, snap.id
+        t1 = time.monotonic()
+        out.environments = list(await LocalEnvironment.from_snapshot(snap, n, **(fork_kwargs or {})))
+        out.sessions, out.fork_s = [None] * n, time.monotonic() - t1
+        return out
+    if method == "snapshot" or (method == "auto" and snapshot is not None):
+        if snapshot is None:
+            raise ValueError(f"materialize: method 'snapshot' but failure state {state.id} has none")
+        from reterm.sandbox.local import LocalEnvironment
+
+        out.environments = list(await LocalEnvironment.from_snapshot(snapshot, n, **(fork_kwargs or {})))
         out.sessions, out.method = [None] * n, "snapshot"
         return out
     if make_environment is None:

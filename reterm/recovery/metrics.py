@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from reterm.recovery.localise import FailureState, LocalisationResult, SelectMode, localise_many
+from reterm.recovery.state import State
 from reterm.recovery.taxonomy import FAILURE_CATEGORIES, parse_category
 from reterm.trajectory import Outcome, Trajectory
 
@@ -179,7 +180,7 @@ class RecoveryAttempt:
     outcome: Outcome
 
     @classmethod
-    def from_trajectory(cls, state: FailureState, attempt: Trajectory) -> "RecoveryAttempt":
+    def from_trajectory(cls, state: State | FailureState, attempt: Trajectory) -> "RecoveryAttempt":
         """From the failure state an attempt started at and the attempt's trajectory."""
         return cls(state_id=state.id, category=state.category, outcome=attempt.outcome)
 
@@ -263,7 +264,7 @@ class AttemptRecovery:
                                "success rate", "infra faults (excluded)"], rows)
 
 
-def attempt_recovery(attempts: Iterable[RecoveryAttempt | tuple[FailureState, Trajectory]]) -> AttemptRecovery:
+def attempt_recovery(attempts: Iterable[RecoveryAttempt | tuple[State | FailureState, Trajectory]]) -> AttemptRecovery:
     """Per-category recovery from recorded failure states.
 
     Args:

@@ -57,8 +57,8 @@ class Level(StrEnum):
 
     @classmethod
     def parse(cls, value: Any) -> "Level":
-        """A :class:`Level` from its value, or from the localiser's words for it
-        (:attr:`reterm.recovery.localise.FailureState.level`: ``attempt_end``, ``first_failing_step``).
+        """A :class:`Level` from its value, or from the older words for it (``attempt_end``,
+        ``first_failing_step``: how journals and checkpoints written before the one spelling name it).
 
         Raises:
             ValueError: any other value (the known ones are named).
@@ -84,7 +84,7 @@ class Source(StrEnum):
 LEVELS: tuple[str, ...] = tuple(m.value for m in Level)
 SOURCES: tuple[str, ...] = tuple(m.value for m in Source)
 
-#: FailureState.level (reterm.recovery.localise) -> Level value
+#: the older words for a level -> Level value
 _LOCALISE_LEVEL = {"attempt_end": "attempt", "first_failing_step": "in_attempt"}
 
 #: columns :meth:`State.to_record` derives from the state (a caller cannot set them)
@@ -177,6 +177,10 @@ class State:
         history: the history's steps (``from_history``), what :class:`reterm.agent.episode.EpisodeSpec` takes.
         snapshot: optional handle of a local-sandbox snapshot of the state (a
             :class:`reterm.sandbox.snapshot.Snapshot`); never serialised.
+        step, command, output, exit_status, evidence: the failing step the state is labelled by (index in
+            the failed attempt's steps, its command, observation, ``$?`` and the matched text; ``-1`` and
+            empty when unknown, e.g. read from a record): what a teacher's diagnosis and the record's
+            ``failure_*`` columns name.
     """
 
     id: str
@@ -189,6 +193,11 @@ class State:
     replay_commands: list[str] = field(default_factory=list)
     replay_timeouts: list[float | None] = field(default_factory=list)
     snapshot: Any = None
+    step: int = -1
+    command: str = ""
+    output: str = ""
+    exit_status: int | None = None
+    evidence: str = ""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -214,13 +223,37 @@ class State:
 
     @classmethod
     def from_failure_state(cls, fs: Any, trajectory: Trajectory, source: str, snapshot: Any = None) -> "State":
-        """From a localised :class:`reterm.recovery.localise.FailureState` of ``trajectory``."""
+        """From a localised :class:`reterm.recovery.localise.FailureState` of ``trajectory`` (the localiser's
+        output, converted here before it leaves the stage that localised it)."""
         messages = history_messages(trajectory, fs.history)
         return cls(id=state_id(trajectory.task_id, messages), task_id=trajectory.task_id, messages=messages,
                    category=fs.category, source=source, level=Level.parse(fs.level),
                    history=[s.model_copy(deep=True) for s in fs.history],
                    replay_commands=list(fs.replay_commands), replay_timeouts=list(fs.replay_timeouts),
-                   snapshot=snapshot)  # fmt: skip
+                   snapshot=snapshot, step=fs.step, command=fs.command or "", output=fs.output or "",
+                   exit_status=fs.exit_status, evidence=fs.evidence or "")  # fmt: skip
+
+    # ------------------------------------------------------------------ JSON (journals, checkpoints)
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of everything but the snapshot handle; :meth:`from_json` reverses it."""
+        return {"id": self.id, "task_id": self.task_id, "messages": self.messages, "category": self.category,
+                "source": self.source.value, "level": self.level.value,
+                "history": [s.model_dump(mode="json") for s in self.history],
+                "replay_commands": list(self.replay_commands), "replay_timeouts": list(self.replay_timeouts),
+                "step": self.step, "command": self.command, "output": self.output,
+                "exit_status": self.exit_status, "evidence": self.evidence}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "State":
+        """The state :meth:`to_json` wrote.
+
+        Raises:
+            ValueError: a missing or wrong field (named, with the state's id).
+        """
+        try:
+            return cls(**{**data, "history": [Step.model_validate(s) for s in data.get("history", [])]})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"failure state {data.get('id', '?')}: not a state's JSON ({exc})") from exc
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "State":

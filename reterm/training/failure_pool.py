@@ -41,7 +41,7 @@ from reterm.agent.protocol import FEEDBACK_MESSAGE, initial_messages
 from reterm.policies.transformers_policy import template_messages
 from reterm.recovery import localise
 from reterm.recovery.attempts import with_feedback
-from reterm.recovery.state import State, state_id
+from reterm.recovery.state import Level, Source, State, state_id
 from reterm.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,9 @@ class PoolState:
         prompt: the chat messages of the history (``[system, user(instruction), assistant, tool, ...]``,
             tool-call arguments as mappings), ending with the failing step's observation.
         category: the failure category (:class:`reterm.recovery.Category` id; ``""`` for a task start).
-        source: ``seed`` | ``online`` | ``task_start``.
+        source: the pool's own notion of where the entry came from: ``seed`` (the dataset) | ``online`` |
+            ``task_start``; :attr:`state` carries the :class:`reterm.recovery.state.Source`.
+        failure_source: for a seed, its record's ``failure_source`` (``own`` | ``injected``).
         parent_id: for an online state, the state its attempt started from (its snapshot, when cached,
             is the cheapest start for rebuilding this one).
         created_step: optimiser step at which an online state was found (``-1`` for others).
@@ -100,6 +102,25 @@ class PoolState:
     source: str = "seed"
     parent_id: str = ""
     created_step: int = -1
+    failure_source: str = "own"
+
+    @property
+    def state_source(self) -> Source:
+        """The entry's :class:`reterm.recovery.state.Source` (``online``, ``task_start``, else the seed record's)."""
+        return Source({"online": Source.ONLINE, "task_start": Source.TASK_START}.get(self.source, self.failure_source))
+
+    @cached_property
+    def state(self) -> State:
+        """This entry's failure state (:class:`reterm.recovery.state.State`: id, history, category, source,
+        level; attempt-level when the prompt ends with the feedback message). The pool fields (task folder,
+        parent, step created) stay on this entry."""
+        source = self.state_source
+        last = self.prompt[-1] if len(self.prompt) > 2 else {}
+        level = Level.ATTEMPT if str(last.get("content") or "").strip() == FEEDBACK_MESSAGE else Level.IN_ATTEMPT
+        bash = [s for s in self.history if s.command is not None]
+        return State(id=self.state_id, task_id=self.task_id, messages=self.prompt, category=self.category or "other",
+                     source=source, level=level, history=self.history, replay_commands=[s.command or "" for s in bash],
+                     replay_timeouts=[s.action.timeout if s.action else None for s in bash])  # fmt: skip
 
     @cached_property
     def trajectory(self) -> Trajectory:
@@ -125,19 +146,23 @@ class PoolState:
         return [s.command for s in self.history if s.command is not None]
 
     def row(self) -> dict[str, Any]:
-        """The TRL dataset row of this state (``prompt`` is what TRL logs; the rest routes the group)."""
+        """The TRL dataset row of this state (``prompt`` is what TRL logs; the rest routes the group):
+        ``state_source`` is the state's :class:`reterm.recovery.state.Source` value (own, injected, online,
+        task_start; the spelling of the dataset and the eval), ``pool_origin`` the pool's own (seed, online,
+        task_start)."""
         return {
             "prompt": self.prompt,
             "task_id": self.task_id,
             "state_id": self.state_id,
             "failure_category": self.category,
-            "state_source": self.source,
+            "state_source": self.state_source.value,
+            "pool_origin": self.source,
         }
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (checkpoints); :meth:`from_json` reverses it."""
         return {k: getattr(self, k) for k in ("state_id", "task_id", "task_dir", "prompt", "category", "source",
-                                              "parent_id", "created_step")}  # fmt: skip
+                                              "parent_id", "created_step", "failure_source")}  # fmt: skip
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "PoolState":
@@ -225,7 +250,8 @@ def seed_states_from_records(
             skipped["duplicate"] += 1
             continue
         state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=read.messages,
-                          category=record.get("failure_category") or "", source="seed")  # fmt: skip
+                          category=record.get("failure_category") or "", source="seed",
+                          failure_source=read.source.value)  # fmt: skip
         why = _check_prompt(state)
         if why is not None:
             skipped[why] += 1
@@ -373,7 +399,8 @@ class FailurePool:
         from datasets import Dataset, Features, Json, List, Value
 
         features = Features({"prompt": List(Json()), "task_id": Value("string"), "state_id": Value("string"),
-                             "failure_category": Value("string"), "state_source": Value("string")})  # fmt: skip
+                             "failure_category": Value("string"), "state_source": Value("string"),
+                             "pool_origin": Value("string")})  # fmt: skip
         return Dataset.from_list([s.row() for s in self.seeds], features=features)
 
     def get(self, state_id: str) -> PoolState:
@@ -552,6 +579,7 @@ class SnapshotCache:
     max_size: int = 16
     _items: OrderedDict = field(default_factory=OrderedDict)
     pinned: set = field(default_factory=set)  # ids in use by the running batch: never evicted
+    building: dict = field(default_factory=dict)  # state id -> future of a snapshot being made (materialize)
     hits: int = 0
     misses: int = 0
 

@@ -119,7 +119,7 @@ def rollout_rows(results: list[Any], step: int, generation_round: int) -> list[d
             rows.append({
                 "step": step, "round": generation_round, "group": gr.group, "attempt": a.index,
                 "state_id": gr.state.state_id, "task_id": gr.state.task_id, "category": gr.state.category,
-                "state_source": gr.state.source, "dropped": gr.dropped, "reward": a.reward,
+                "state_source": gr.state.state_source.value, "pool_origin": gr.state.source, "dropped": gr.dropped, "reward": a.reward,
                 "outcome": a.outcome, "mask_reason": a.mask_reason, "environment_id": a.environment_id,
                 "tokens": None if a.tokens is None else {
                     "prompt": len(a.tokens.prompt_ids), "completion": len(a.tokens.completion_ids),

@@ -6,12 +6,13 @@ For a batch of groups (a :class:`reterm.training.failure_pool.PoolState` and a n
    harness's terminal (:func:`reterm.recovery.materialize.type_history`, the commands' own timeouts), so files *and* shell state (cwd, exported variables) are those the agent left; every
    replayed exit status is compared with the recorded one and a difference is a *divergence* (the
    group is dropped and counted; the state is not used again). On the local sandbox the result is
-   snapshotted and cached (:class:`reterm.training.failure_pool.SnapshotCache`); an online state
-   starts from its parent's cached snapshot and replays only the commands after it. Processes are not
+   snapshotted and cached (:class:`reterm.training.failure_pool.SnapshotCache`, passed to
+   :func:`reterm.recovery.materialize.materialize` as ``cache``); an online state starts from its parent's
+   cached snapshot (``parent``) and replays only the commands after it. Processes are not
    part of a snapshot: a state left inside an interactive program continues at a fresh
    shell prompt with the same cwd and variables.
-2. **Fork.** Snapshot path: ``LocalEnvironment.from_snapshot(snap, G)`` (G sandboxes with the state's
-   files, started concurrently). Replay path (any Harbor environment: docker, daytona, ...): G fresh
+2. **Fork.** Snapshot path: G forks of that snapshot (G sandboxes with the state's files, started
+   concurrently; the same ``materialize`` call). Replay path (any Harbor environment: docker, daytona, ...): G fresh
    environments, each replayed (:func:`reterm.recovery.materialize.materialize`, ``method="replay"``); a
    group with any diverged replay is dropped.
 3. **Attempts.** One :func:`reterm.agent.episode.run_episodes` call over every attempt of every group:
@@ -40,27 +41,16 @@ from typing import Any
 from reterm.agent.environments import make_environment
 from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
-from reterm.agent.terminal import TerminalSession
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS
 from reterm.policies.base import EndpointError
-from reterm.policies.transformers_policy import template_messages
-from reterm.recovery.materialize import Diverged, materialize, type_history
+from reterm.recovery.materialize import materialize
 from reterm.sandbox.paths import pid_alive, proc_start_time
 from reterm.sandbox.snapshot import list_snapshots
 from reterm.training.failure_pool import PoolState, SnapshotCache
 from reterm.training.grpo_policy import AttemptTokens, TokenTrajectoryPolicy
-from reterm.trajectory import Outcome, Step, Trajectory
+from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger(__name__)
-
-
-class StateRebuildError(RuntimeError):
-    """A failure state's environment could not be rebuilt: ``kind`` is ``diverged`` (a replayed command
-    ended differently than recorded) or ``sandbox`` (the environment failed: an infrastructure fault)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass
@@ -129,47 +119,6 @@ class GroupRollout:
         return self.dropped is None and len(r) >= 1 and max(r) == min(r)
 
 
-def _same_messages(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
-    return template_messages(a) == template_messages(b)
-
-
-async def replay_history(env: Any, task_dir: str | Path, steps: Sequence[Step], *, restore: Any = None,
-                         command_timeout_s: float | None = None) -> None:  # fmt: skip
-    """Type the bash commands of ``steps`` into a new terminal session in the started ``env`` (the kit's one
-    typed replay and divergence check, :func:`reterm.recovery.materialize.type_history`).
-
-    Args:
-        env: a started Harbor environment (at the task's start, or at the state ``steps`` continue from).
-        task_dir: the task folder (unused; kept for callers).
-        steps: the history steps to redo (parse-error and submit steps are skipped).
-        restore: shell state for the session (a fork of a parent state); default a fresh shell.
-        command_timeout_s: timeout of commands recorded without one (seconds; default the harness's).
-
-    Raises:
-        StateRebuildError: ``diverged`` when an exit status or timeout differs from the record,
-            ``sandbox`` when the environment or terminal failed.
-    """
-    from types import SimpleNamespace
-
-    if not any(s.command for s in steps):
-        return
-    try:
-        session = await TerminalSession.start(env, restore=restore)
-    except Exception as exc:
-        raise StateRebuildError("sandbox", f"{type(exc).__name__}: {exc}") from exc
-    try:
-        await type_history(session, SimpleNamespace(history=list(steps)), command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S)
-    except Diverged as exc:
-        raise StateRebuildError("diverged", str(exc)) from exc
-    except Exception as exc:
-        raise StateRebuildError("sandbox", f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        try:
-            await session.close()
-        except Exception:
-            pass
-
-
 def _owner() -> dict[str, Any]:
     import os
 
@@ -208,7 +157,6 @@ class RolloutEngine:
         self.settings = settings
         self.cache = cache if cache is not None else SnapshotCache()
         self.lookup = lookup or (lambda _id: None)
-        self._building: dict[str, asyncio.Future] = {}
         self._trial_dirs: dict[int, Path] = {}  # trial folders this engine made for non-local environments
         if settings.fork_method == "snapshot":
             released = release_orphaned_snapshots()
@@ -243,86 +191,36 @@ class RolloutEngine:
             if trial is not None:
                 shutil.rmtree(trial, ignore_errors=True)
 
-    async def _rebuild(self, state: PoolState):
-        """The state's snapshot, from the cache or built now (local sandbox)."""
-        from reterm.sandbox.local import LocalEnvironment
-
-        snap = self.cache.get(state.state_id)
-        if snap is not None:
-            return snap, True
-        fut = self._building.get(state.state_id)
-        if fut is not None:  # another group of this batch is building it
-            return await asyncio.shield(fut), True
-        fut = asyncio.get_running_loop().create_future()
-        self._building[state.state_id] = fut
-        env = None
-        try:
-            steps = state.history
-            restore = None
-            parent = self.lookup(state.parent_id) if state.parent_id else None
-            parent_snap = self.cache.get(parent.state_id) if parent is not None else None
-            n_parent = len(parent.history) if parent is not None else 0
-            if parent_snap is not None and _same_messages(state.prompt[: len(parent.prompt)], parent.prompt):
-                self.cache.pin([parent.state_id])
-                (env,) = await LocalEnvironment.from_snapshot(parent_snap, 1)
-                restore = await TerminalSession.saved_state(env)
-                steps = steps[n_parent:]
-            else:
-                env = LocalEnvironment.for_task(state.task_dir)
-                await env.start(force_build=False)
-            await replay_history(env, state.task_dir, steps, restore=restore,
-                                 command_timeout_s=self.settings.command_timeout_s)  # fmt: skip
-            snap = await env.snapshot(extra={"state_id": state.state_id, **_owner()})
-            self.cache.put(state.state_id, snap)
-            fut.set_result(snap)
-            return snap, False
-        except StateRebuildError as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: groups waiting on it re-raise it themselves
-            raise
-        except Exception as exc:
-            err = StateRebuildError("sandbox", f"{type(exc).__name__}: {exc}")
-            fut.set_exception(err)
-            fut.exception()
-            raise err from exc
-        except BaseException:
-            fut.cancel()
-            raise
-        finally:
-            self._building.pop(state.state_id, None)
-            if env is not None:
-                await self._stop(env)
-
     async def _fork(self, group: GroupRollout, n: int) -> list[Any]:
         """``n`` started environments in the group's state (the caller stops them). Sets ``group.dropped``
         (and returns ``[]``) when the state cannot be rebuilt."""
         state = group.state
         t0 = time.monotonic()
         if self.settings.fork_method == "snapshot":
-            from reterm.sandbox.local import LocalEnvironment
-
+            # the state's snapshot from the cache, or made once (from its parent's cached snapshot when it has one)
+            parent = self.lookup(state.parent_id) if state.parent_id else None
             try:
-                snap, cached = await self._rebuild(state)
-            except StateRebuildError as exc:
-                group.dropped = f"{exc.kind}: {exc}"
+                made = await materialize(state.state, n, lambda tag: self._new_environment(state.task_dir),
+                                         method="snapshot", cache=self.cache,
+                                         parent=parent.state if parent is not None else None,
+                                         snapshot_extra={"state_id": state.state_id, **_owner()},
+                                         default_timeout=self.settings.command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S,
+                                         stop_environment=self._stop)  # fmt: skip
+            except Exception as exc:  # the sandbox failed while rebuilding or forking: an infrastructure fault
+                group.dropped = f"sandbox: {type(exc).__name__}: {exc}"
                 group.rebuild_s = time.monotonic() - t0
                 return []
-            group.rebuild_s, group.cached, group.snapshot_id = time.monotonic() - t0, cached, snap.id
-            t1 = time.monotonic()
-            try:
-                envs = await LocalEnvironment.from_snapshot(snap, n)
-            except Exception as exc:  # from_snapshot stops what it started
-                group.dropped = f"sandbox: {type(exc).__name__}: {exc}"
+            group.rebuild_s, group.cached, group.fork_s = made.rebuild_s, made.cached, made.fork_s
+            group.snapshot_id = made.snapshot_id or None
+            if made.diverged:
+                group.dropped = f"diverged: {made.detail}"
                 return []
-            group.fork_s = time.monotonic() - t1
-            return envs
+            return made.environments
 
         # replay path (materialize, method replay): n fresh environments, each replayed; any divergence drops
         # the group (its advantages need all n attempts)
-        from types import SimpleNamespace
-
         try:
-            made = await materialize(SimpleNamespace(id=state.state_id, history=state.history), n,
+            made = await materialize(state.state, n,
                                      lambda tag: self._new_environment(state.task_dir), method="replay",
                                      default_timeout=self.settings.command_timeout_s or DEFAULT_COMMAND_TIMEOUT_S,
                                      stop_environment=self._stop)  # fmt: skip
@@ -375,7 +273,8 @@ class RolloutEngine:
                                              instruction=gr.state.instruction,
                                              metadata={"state_id": gr.state.state_id, "group": gr.group, "attempt": i,
                                                        "failure_category": gr.state.category,
-                                                       "state_source": gr.state.source}))  # fmt: skip
+                                                       "state_source": gr.state.state_source.value,
+                                                       "pool_origin": gr.state.source}))  # fmt: skip
                     where.append((k, i, getattr(env, "session_id", "")))
             trajs: list[Trajectory] = []
             if specs:
