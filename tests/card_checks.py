@@ -104,6 +104,8 @@ def assert_dataset_card_matches(body: str, folder: Path) -> None:
     sources = Counter(r["failure_source"] for r in records)
     parts = [f"{sources['own']:,} from the policy's own failed attempts"] if sources.get("own") else []
     parts += [f"{sources['injected']:,} from injected mistakes"] if sources.get("injected") else []
+    parts += [f"{sources['task_start']:,} whole reference solutions from the task's start (no mistake, `failure_step` -1)"
+              ] if sources.get("task_start") else []  # fmt: skip
     assert f"**{n:,} verified recoveries of a terminal agent from failure states: {', '.join(parts)}.**" in body
     assert f"| **records** | **{n:,}** |" in body
     assert f"| verified recoveries kept as candidates | {stats['filters']['verified_recoveries']:,} |" in body

@@ -15,6 +15,7 @@ import torch
 from reterm.agent.protocol import TOOLS, initial_messages, parse_action
 from reterm.policies import FINISH_CONTEXT_LENGTH, Policy, load_policy, smollm2
 from reterm.policies.transformers_policy import TransformersPolicy, template_messages
+from reterm.precision import auto_cpu_dtype
 from reterm.tiny_qwen import build_tiny_qwen3_5
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? One word."}]
@@ -102,7 +103,8 @@ def test_cache_build_matches_the_gguf(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------ SmolLM2 generation
 def test_smollm2_renders_tools_and_satisfies_the_protocol(smol):
     assert isinstance(smol, Policy) and smol.name == "smollm2" and smol.call_format == "hermes"
-    assert smol.dtype == torch.float32 and smol.device.type == "cpu" and smol.max_context == 8192
+    # dtype "auto" on a CPU: bf16 where it has bf16 matrix instructions (reterm.precision), else fp32
+    assert smol.dtype == getattr(torch, auto_cpu_dtype()) and smol.device.type == "cpu" and smol.max_context == 8192
     text = smol.tokenizer.decode(smol.prompt_ids(TOOL_HISTORY, TOOLS))
     assert "<tools>" in text and '"name": "bash"' in text
     assert '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>' in text
@@ -131,7 +133,9 @@ def test_batched_generation_equals_one_by_one(smol):
 
 
 def test_logprobs_match_a_teacher_forced_pass():
-    policy = TransformersPolicy("smollm2", temperature=0.8, top_p=1.0, max_new_tokens=6, return_logprobs=True, seed=0)
+    # fp32: a teacher-forced pass reproduces the generation's log-probabilities to 1e-4 (bf16 rounds coarser)
+    policy = TransformersPolicy("smollm2", temperature=0.8, top_p=1.0, max_new_tokens=6, return_logprobs=True, seed=0,
+                                dtype="float32")
     (g,) = policy.generate([QUESTION], [])
     assert len(g.logprobs) == len(g.token_ids) == g.completion_tokens
     ids = torch.tensor([g.extra["prompt_token_ids"] + g.token_ids])
@@ -205,7 +209,7 @@ def test_qwen3_5_vision_language_checkpoint_loads_text_only(tmp_path, tiny_qwen_
     vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text_cfg, vision_config=vision)).eval()
     vlm.save_pretrained(tmp_path / "vlm")
     tok.save_pretrained(tmp_path / "vlm")
-    policy = load_policy(f"hf:{tmp_path / 'vlm'}", temperature=0, max_new_tokens=3)
+    policy = load_policy(f"hf:{tmp_path / 'vlm'}", temperature=0, max_new_tokens=3, dtype="float32")  # exact compare
     assert type(policy.model).__name__ == "Qwen3_5ForCausalLM"
     ids = torch.tensor([policy.prompt_ids(initial_messages("hello"), TOOLS)])
     with torch.no_grad():
@@ -229,8 +233,8 @@ def test_peft_adapter_applied_and_detected(tmp_path, tiny_qwen_dir):
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))
 
     plain = AutoModelForCausalLM.from_pretrained(tiny_qwen_dir)
-    for policy in (load_policy(f"hf:{tiny_qwen_dir}", adapter=str(adapter), temperature=0, max_new_tokens=2),
-                   load_policy(f"hf:{adapter}", temperature=0, max_new_tokens=2)):  # fmt: skip
+    for policy in (load_policy(f"hf:{tiny_qwen_dir}", adapter=str(adapter), temperature=0, max_new_tokens=2, dtype="float32"),
+                   load_policy(f"hf:{adapter}", temperature=0, max_new_tokens=2, dtype="float32")):  # fmt: skip
         assert policy.adapter_path == str(adapter) and policy.model_path == str(tiny_qwen_dir)
         assert "# Tools (adapter)" in policy.tokenizer.decode(policy.prompt_ids(initial_messages("x"), TOOLS))
         ids = torch.tensor([policy.prompt_ids(initial_messages("x"), TOOLS)])
