@@ -21,12 +21,10 @@ infrastructure fault naming it.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
-import uuid
 from pathlib import Path
 
+from reterm.io import build_once, content_hash
 from reterm.sandbox.paths import sub
 
 SHIM_SOURCE = Path(__file__).parent / "shim"
@@ -35,31 +33,13 @@ SHIM_BASH_ENV = f"{SHIM_TARGET}/activate.sh"
 MISSING_LOG = "reterm-shim-missing.txt"
 
 
-def _content_hash(folder: Path) -> str:
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
-        h.update(oct(path.stat().st_mode & 0o777).encode() + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
 def shim_dir() -> Path:
     """The shim's files, copied once to ``<cache>/sandbox/shim/<content hash>`` (made in one rename, so
     concurrent callers never see half a folder). Returns the folder to mount."""
-    dest = sub("shim") / _content_hash(SHIM_SOURCE)
-    if dest.is_dir():
-        return dest
-    tmp = dest.parent / f".tmp-{dest.name}-{uuid.uuid4().hex[:6]}"
-    try:
+    def copy(tmp: Path) -> None:
         shutil.copytree(SHIM_SOURCE, tmp, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not dest.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    return build_once(copy, sub("shim") / content_hash(SHIM_SOURCE))
 
 
 def shim_trial_settings() -> tuple[list[dict], dict[str, str]]:
