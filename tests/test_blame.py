@@ -47,12 +47,14 @@ def _assert_broken(traj, commands_run, says):
 def test_fork_bomb_is_an_agent_failure_with_the_command_recorded():
     """The fork bomb's own command is a step. Its background forks can exhaust the pids limit after
     the shell has already returned (a race that depends on the host's load): then the breakage shows on
-    the next command, which is still scored as the agent's failure."""
+    the next command, or only at the probe before the verifier once the agent has submitted (the
+    ``None`` step); every order is scored as the agent's failure, with the pids limit named."""
     traj, health = _episode([FORK_BOMB, SOLVE])
     ran = [s.command for s in traj.steps]
-    assert ran in ([FORK_BOMB], [FORK_BOMB, SOLVE]), ran
+    assert ran in ([FORK_BOMB], [FORK_BOMB, SOLVE], [FORK_BOMB, SOLVE, None]), ran
     _assert_broken(traj, ran, "the sandbox ran out of pids")
-    assert traj.steps[-1].observation.startswith("[the sandbox stopped working:")
+    if ran[-1] is not None:  # seen while a command ran: that step says so
+        assert traj.steps[-1].observation.startswith("[the sandbox stopped working:")
     assert "pids" in health.limits_hit and health.alive
 
 
