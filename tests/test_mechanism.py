@@ -107,6 +107,8 @@ def test_failure_state_arm_starts_from_the_failed_attempts_fork_and_resumes(tmp_
     rows, lines = asyncio.run(mechanism.run_chunk(policy, tasks[:1], 2, max_turns=8))
     assert rows[0]["task_start"]["rewards"] == [0.0, 0.0]
     assert rows[0]["failure_state"]["rewards"] == [1.0, 1.0], rows
+    # both start attempts did part 1 only: equal progress, so the earliest; part 2's checks failed
+    assert rows[0]["failure_state"]["from_attempt"] == 0 and rows[0]["failure_state"]["failed_checks"] >= 1, rows
     assert len(lines) == 4
     # the same second-stage commands from a fresh start fail: the pass above came from the fork's files
     from reterm.recovery.attempts import attempt_end_state, run_attempts

@@ -220,8 +220,10 @@ case "$RECIPE:$SIZE" in
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 96)
-    # the mechanism: 48 two-stage drills x (G=4 from the start + G=4 from the first failed one) = 384 attempts
-    MECH_SIZE=(--tasks 48 --group-size 4 --max-turns 8 --max-new-tokens 96)
+    # the mechanism: 48 two-stage drills x (G=4 from the start + G=4 from the failed one with the most progress)
+    # = 384 attempts, at temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
+    # tasks; at 0.7, 729 of 732 turns were valid tool calls)
+    MECH_SIZE=(--tasks 48 --group-size 4 --max-turns 8 --max-new-tokens 96 --temperature 0.7)
     ;;
 esac
 case "$SIZE" in

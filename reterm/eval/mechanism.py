@@ -6,16 +6,26 @@ advantages), so the quantity is ``signal_attempt_share``: the share of attempts 
 rewards are not all equal. This experiment measures it for one fixed policy on the same tasks in two arms:
 
 - **task_start** (standard GRPO's groups): G attempts from each task's start;
-- **failure_state** (ReTerm-GRPO's groups): the first failed attempt among those G is the policy's own
-  failure state (the release's protocol: its files snapshotted when the attempt ended, before the verifier,
-  then the feedback message; :mod:`reterm.recovery.attempts`), and G recovery attempts start from forks of it.
+- **failure_state** (ReTerm-GRPO's groups): the failed attempt among those G that got furthest
+  (:func:`reterm.recovery.attempts.most_progress`: fewest failed verifier checks, then more commands that
+  exited 0, fewer parse errors, the earliest) is the policy's own failure state (the release's protocol: its
+  files snapshotted when the attempt ended, before the verifier, then the feedback message;
+  :mod:`reterm.recovery.attempts`), and G recovery attempts start from forks of it. Forking where the agent
+  got furthest is the ReTerm recipe, and it raises the failure_state arm's pass rate by design (the first
+  failed attempt, the earlier choice, was often a degenerate one, e.g. submitted at once or parse errors
+  only, while another failed attempt of the group had cleared part 1 of the task). The task_start arm is
+  unchanged.
 
-Same policy, G, caps, sampling and tasks in both arms, so the difference is paired by task. A task whose G
-start attempts all passed has no failure state: it counts in the task-start arm (a zero-signal group) and is
-left out of the paired difference (reported as ``no_failure_state``); choosing the failure state from the
-start group makes the start groups of paired tasks hold at least one failure, which can only raise the
-task-start arm's share (the comparison is conservative for ReTerm). Infrastructure faults are counted
-apart and leave the groups (a group needs two scored attempts).
+Same policy, G, caps, sampling and tasks in both arms, so the difference is paired by task; the choice of the
+failure state uses only the task's own start group (its attempts' verifier output and steps, never the
+recovery attempts), so it cannot favour the failure_state arm with information the task_start arm lacks. A
+task whose G start attempts all passed has no failure state: it counts in the task-start arm (a zero-signal
+group) and is left out of the paired difference (reported as ``no_failure_state``); choosing the failure
+state from the start group makes the start groups of paired tasks hold at least one failure, which can only
+raise the task-start arm's share (the comparison is conservative for ReTerm). Infrastructure faults are
+counted apart and leave the groups (a group needs two scored attempts). Each ``groups.jsonl`` row's
+``failure_state`` records the chosen attempt (``from_attempt``, its index in the start group) and its
+``failed_checks`` (``None``: no verifier output).
 
 Tasks are multi-stage drills (:mod:`reterm.drills.multistage`): two chained hurdles, so a failed attempt can
 keep real progress. Power: with ``psi`` the share of paired tasks on which the two arms disagree (one group
@@ -44,7 +54,7 @@ from reterm.data.drills import read_splits
 from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage
 from reterm.eval.drills import spread
 from reterm.policies import load_policy
-from reterm.recovery.attempts import attempt_end_state, release, run_attempts
+from reterm.recovery.attempts import attempt_end_state, failed_checks, most_progress, release, run_attempts
 from reterm.stats import group_signal, items_needed, min_detectable, paired_bootstrap, rate
 from reterm.stats import signal_attempt_share as share_with_interval
 from reterm.trajectory import Outcome, write_json_atomic
@@ -60,7 +70,8 @@ def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict
     """The experiment's metrics from its ``groups.jsonl`` rows (see the module docstring).
 
     Each row: ``{"task", "family", "category", "task_start": {"rewards": [...]}, "failure_state":
-    {"rewards": [...], "category", "state_id"} | None}`` (rewards ``None`` for infrastructure faults).
+    {"rewards": [...], "category", "state_id", "from_attempt", "failed_checks"} | None}`` (rewards ``None`` for
+    infrastructure faults).
     """
     out: dict[str, Any] = {"n_tasks": len(rows)}
     start_groups = [r["task_start"]["rewards"] for r in rows]
@@ -125,8 +136,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -> tuple[list[dict], list[str]]:
-    """Both arms on a few tasks: G start attempts each, then G recovery attempts from each task's first failed
-    start attempt. Returns ``(groups.jsonl rows, attempts.jsonl lines)``."""
+    """Both arms on a few tasks: G start attempts each, then G recovery attempts from each task's failed start
+    attempt with the most progress (:func:`most_progress`). Returns ``(groups.jsonl rows, attempts.jsonl lines)``."""
 
     g = group_size
     dirs = [t.path for t in tasks for _ in range(g)]
@@ -136,11 +147,13 @@ async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -
         group = starts[i * g : (i + 1) * g]
         row = {"task": t.name, "family": t.family, "category": t.category,
                "task_start": {"rewards": _rewards(group)}, "failure_state": None}  # fmt: skip
-        failed = next((a for a in group if a.failed and a.trajectory.steps), None)
+        failed = most_progress(group)
         release([a for a in group if a is not failed])
         if failed is not None:
             st = attempt_end_state(failed)
-            row["failure_state"] = {"state_id": st.id, "category": st.category, "from_attempt": group.index(failed)}
+            row["failure_state"] = {"state_id": st.id, "category": st.category,
+                                    "from_attempt": [a is failed for a in group].index(True),
+                                    "failed_checks": failed_checks(failed)}  # fmt: skip
             states.append(st)
             snaps.append(failed)
             owners.append(i)

@@ -59,6 +59,45 @@ class Attempt:
         return self.trajectory.outcome is Outcome.FAILURE
 
 
+def failed_checks(attempt: Attempt) -> int | None:
+    """How many verifier checks the attempt failed: the lines of its verifier output tail
+    (``trajectory.metadata["verifier_output_tail"]``, written by :func:`reterm.agent.episode.run_verifier`) that
+    start with ``FAIL:`` (the kit's drill verifiers print one per failed check; ``tests/test.sh`` of
+    :func:`reterm.drills.generate.test_script`). ``None`` when there is no tail (unknown progress)."""
+    tail = attempt.trajectory.metadata.get("verifier_output_tail")
+    if not isinstance(tail, str) or not tail.strip():
+        return None
+    return sum(line.lstrip().startswith("FAIL:") for line in tail.splitlines())
+
+
+def most_progress(attempts: Sequence[Attempt]) -> Attempt | None:
+    """The failed attempt of ``attempts`` that got furthest: the failure state a recovery group forks from.
+
+    Rule (the ReTerm recipe forks where the agent got furthest: a recovery from there has the least left to do,
+    while a degenerate attempt, one that submitted at once or produced only parse errors, wastes the group):
+
+    1. candidates are the failed attempts (:attr:`Attempt.failed`) with at least one step; infrastructure faults
+       and passed attempts never are;
+    2. most progress = fewest failed verifier checks (:func:`failed_checks`); an attempt without a verifier
+       output tail counts as worst (its progress is unknown);
+    3. ties: more agent commands that exited 0 (a parsed action with ``exit_status == 0``), then fewer parse
+       errors, then the earliest attempt (so the choice is deterministic).
+
+    Returns ``None`` when no attempt is a candidate.
+    """
+
+    def key(item: tuple[int, Attempt]) -> tuple[float, int, int, int]:
+        i, a = item
+        steps = a.trajectory.steps
+        n_fail = failed_checks(a)
+        ok = sum(s.action is not None and s.exit_status == 0 for s in steps)
+        parse_errors = sum(s.parse_error is not None for s in steps)
+        return (float("inf") if n_fail is None else n_fail, -ok, parse_errors, i)
+
+    candidates = [(i, a) for i, a in enumerate(attempts) if a.failed and a.trajectory.steps]
+    return min(candidates, key=key)[1] if candidates else None
+
+
 def task_category(task_dir: str | Path) -> str:
     """The first of the task's declared ``[metadata] error_categories`` (``other`` when none)."""
     task = load_task(Path(task_dir))
