@@ -104,10 +104,30 @@ def test_two_stage_records_of_every_kind(records):
         roles = [m["role"] for m in r["messages"]]
         assert r["train_from_message_index"] == roles.index("assistant") == 2 and r["target_attempt_index"] == 1
         assert r["failure_category"] == "none" and r["failure_source"] == "task_start" and not trains_on_mistake(r)
-    kinds = {r["injection"]: r for r in multi if r["failure_step"] != NO_FAILURE_STEP}
+    kinds = {r["injection"]: r for r in multi if r["failure_step"] != NO_FAILURE_STEP and r["target_attempt_index"] == 2}
     assert set(kinds) == set(MULTISTAGE_KINDS)
     assert kinds["part1_submit"]["failure_category"] == "premature_completion"
     for r in kinds.values():
-        assert r["target_attempt_index"] == 2 and r["verifier_reward"] == 1.0 and not trains_on_mistake(r)
+        assert r["verifier_reward"] == 1.0 and not trains_on_mistake(r)
         feedback = r["messages"][r["train_from_message_index"] - 1]
         assert feedback["role"] == "tool" and "did not pass" in feedback["content"]
+
+
+def test_two_stage_step_level_records_fix_the_part_before_submitting(records):
+    """``part2_mistake`` and ``part1_mistake`` instances also give a step-level record: part 1 done (for part 2's
+    mistake), the mistake and its error as context, then the recovery trained in the same attempt, no feedback."""
+    from reterm.data.drills import IN_ATTEMPT_KINDS
+    step_level = {r["injection"]: r for r in records
+                  if r["task_id"].startswith("multi-") and r["target_attempt_index"] == 1 and r["failure_step"] >= 0}
+    assert set(step_level) == set(IN_ATTEMPT_KINDS)
+    for kind, r in step_level.items():
+        assert r["verifier_reward"] == 1.0 and not trains_on_mistake(r)
+        assert all("did not pass" not in (m["content"] or "") for m in r["messages"] if m["role"] == "tool")
+        mistakes = mistake_message_indices(r)
+        assert max(mistakes) < r["train_from_message_index"]  # the mistake is context
+        call = json.loads(r["messages"][mistakes[-1]]["tool_calls"][0]["function"]["arguments"])
+        assert call["command"] == r["failure_command"]
+        assert r["messages"][r["train_from_message_index"]]["role"] == "assistant"
+    part2 = step_level["part2_mistake"]
+    assert part2["failure_step"] >= 1  # part 1's solution came first: that progress is in the state
+    assert step_level["part1_mistake"]["failure_step"] == 0 and all(r["failure_output"] for r in step_level.values())

@@ -219,7 +219,13 @@ MULTISTAGE_KINDS = ("part1_submit", "part2_mistake", "part1_mistake")
 - ``part1_mistake``: part 1's natural first mistake, then submit: the teacher recovers part 1 and does part 2.
 
 Every instance also gives a whole reference solution from the task's start (``failure_step`` -1, category
-``none``): the model sees both parts done in one attempt."""
+``none``): the model sees both parts done in one attempt. The ``part2_mistake`` and ``part1_mistake`` instances
+also give a step-level record (:func:`_stage_in_attempt_records`): the mistake, its error, then the recovery and
+the rest in the same attempt, trained from the first recovery turn: the model learns to fix a part's error before
+it submits (measured on the SFT start without it: after part 2's error it submitted at once)."""
+
+IN_ATTEMPT_KINDS = ("part2_mistake", "part1_mistake")
+"""The :data:`MULTISTAGE_KINDS` whose instances also give a step-level (in-attempt) record."""
 
 
 def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
@@ -243,6 +249,49 @@ def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
         return [first["first_mistake"]], [*first["recovery"], *second["solution"], *rest], \
             FAMILIES[first["family"]].category.value
     raise ValueError(f"unknown multi-stage record kind {kind!r} (one of {MULTISTAGE_KINDS})")
+
+
+def _stage_in_attempt_plan(task_dir: Path, kind: str) -> tuple[list[str], int, str]:
+    """``(commands of one attempt, index of its mistake step, category)`` of the step-level record of a two-stage
+    drill for an :data:`IN_ATTEMPT_KINDS` entry: the mistake, then its recovery and every later part's solution.
+
+    Raises:
+        ValueError: naming the task or the kind when either does not fit.
+    """
+    parts = stage_parts(task_dir)
+    if len(parts) < 2:
+        raise ValueError(f"{task_dir}: not a multi-stage drill (no [metadata] stage_families)")
+    first, second = parts[0], parts[1]
+    rest = [c for p in parts[2:] for c in p["solution"]]
+    if kind == "part2_mistake":
+        return ([*first["solution"], second["first_mistake"], *second["recovery"], *rest], len(first["solution"]),
+                FAMILIES[second["family"]].category.value)  # fmt: skip
+    if kind == "part1_mistake":
+        return ([first["first_mistake"], *first["recovery"], *second["solution"], *rest], 0,
+                FAMILIES[first["family"]].category.value)  # fmt: skip
+    raise ValueError(f"no step-level record for multi-stage kind {kind!r} (one of {IN_ATTEMPT_KINDS})")
+
+
+async def _stage_in_attempt_records(dirs: list[Path], kind: str) -> dict[str, Any]:
+    """Step-level records (``target_attempt_index`` 1) of two-stage drills (:func:`_stage_in_attempt_plan`): one
+    scripted attempt makes a part's mistake, reads its error, recovers and finishes; the history up to and
+    including the mistake's step is the failure state (context only), training starts at the first recovery
+    turn. Only attempts the verifier passes are kept. Returns the journal entry (its ``states`` is empty: as for
+    :func:`_in_attempt_records`, these attempts pass, so they add records but no failed attempt to the counts)."""
+    plans = {d: _stage_in_attempt_plan(d, kind) for d in dirs}
+    policy = OraclePolicy([(load_task(d).instruction, plans[d][0]) for d in dirs], name=f"scripted:{kind}:in-attempt")
+    runs = await run_attempts(policy, dirs, max_turns=12)
+    entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": "injected",
+                             "outcomes": Counter(r.trajectory.outcome.value for r in runs), "records": [], "states": []}
+    for r in runs:
+        traj, (_, k, category) = r.trajectory, plans[r.task_dir]
+        if traj.outcome is not Outcome.SUCCESS or len(traj.steps) <= k + 1:
+            continue
+        history = [s.model_copy(update={"from_history": True}) for s in traj.steps[: k + 1]]
+        state = State.from_history(traj, history, category=category, source="injected", level="in_attempt")
+        entry["records"].append(_record(state, traj, failure_step=k, failed=traj.steps[k], source_policy=f"scripted:{kind}",
+                                        family=_family(r.task_dir), injection=kind))  # fmt: skip
+    return entry
 
 
 async def _whole_records(dirs: list[Path]) -> dict[str, Any]:
@@ -398,6 +447,9 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                 by_cat.setdefault(plans[d][2], []).append(d)
             for cat, ds in sorted(by_cat.items()):
                 work.append((f"multi:{kind}:{cat}", ds, 16, run))
+            if kind in IN_ATTEMPT_KINDS:
+                work.append((f"multi:{kind}:in-attempt", mine, 16,
+                             lambda chunk, kind=kind: _stage_in_attempt_records(chunk, kind)))
     step = max(1, len(dirs) // own_tasks) if own_tasks else 1
     loaded: dict[str, Any] = {}
     for j, spec in enumerate(policies):
