@@ -201,7 +201,7 @@ else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 # evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
 # "Measured" section (train/measured.py) says, for the run it shows, which of these it used.
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
-DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=()
+DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=(); MINE_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
     # The embedded default (docs/REPRODUCING.md; not yet timed end to end at these sizes):
@@ -215,6 +215,9 @@ case "$RECIPE:$SIZE" in
     # instances for Pass@1, 20 + 12 injected failure states for Recovery@1 per model.
     DRILL_SIZE=(--per-family 32 --multistage 48)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 3)
+    # the mine stage: the SFT model also attempts every two-stage train drill (8 turns): its own failed attempts
+    # there are ReTerm-GRPO's seed states (the recipes train on multi-*)
+    MINE_SIZE=(--own-multistage 48)
     SFT_SIZE=()
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
@@ -231,6 +234,7 @@ case "$SIZE" in
   ci)
     DRILL_SIZE=(--per-family 4 --no-check --multistage 2)   # GRPO trains on the two-stage ones (recipes: seed_tasks)
     DATA_SIZE=(--own-tasks 4 --max-tasks 12)
+    MINE_SIZE=(--own-multistage 1)
     SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
               --eval_strategy no --eval_on_start false)
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
@@ -320,7 +324,7 @@ fi
 if [ "$RECIPE" = smollm2-135m ]; then
   ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
   stage mine "$GRPO_DATASET" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$GRPO_DATASET" \
-    --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}"
+    --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}" "${MINE_SIZE[@]}"
 fi
 
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget

@@ -48,6 +48,7 @@ from reterm.agent.protocol import PROMPT_VERSION
 from reterm.data.layout import write_dataset_folder
 from reterm.drills.families import FAMILIES
 from reterm.drills.generate import recovery_commands, stage_parts
+from reterm.generation import MAX_TURN_TOKENS
 from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.records import NO_FAILURE_STEP, trains_on_mistake
@@ -224,6 +225,9 @@ also give a step-level record (:func:`_stage_in_attempt_records`): the mistake, 
 the rest in the same attempt, trained from the first recovery turn: the model learns to fix a part's error before
 it submits (measured on the SFT start without it: after part 2's error it submitted at once)."""
 
+OWN_MULTISTAGE_TURNS = 8
+"""Turns of a policy's own attempt on a two-stage drill at least (the mechanism stage's default too)."""
+
 IN_ATTEMPT_KINDS = ("part2_mistake", "part1_mistake")
 """The :data:`MULTISTAGE_KINDS` whose instances also give a step-level (in-attempt) record."""
 
@@ -365,8 +369,8 @@ def per_family(dirs: list[Path], n: int | None) -> list[Path]:
 
 
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
-          held_out: float, max_tasks: int | None = None, max_new_tokens: int = 48,
-          own_tasks: int | None = None, injected_per_family: int | None = None,
+          held_out: float, max_tasks: int | None = None, max_new_tokens: int = MAX_TURN_TOKENS,
+          own_tasks: int | None = None, own_multistage: int = 0, injected_per_family: int | None = None,
           reference_per_family: int = 0, extends: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
 
@@ -376,6 +380,12 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             over every family). Re-running with one more policy (the SFT checkpoint after the cold start: the
             paper's second round) keeps what the journal holds and adds that policy's records.
         own_tasks: bound on the train instances each policy attempts (default all).
+        own_multistage: each policy also attempts the first N two-stage train instances, with at least
+            :data:`OWN_MULTISTAGE_TURNS` turns (two parts and a submit need more than a single hurdle): its own
+            failed attempts there are the states ReTerm-GRPO forks from (the recipes train on ``multi-*``).
+        max_new_tokens: tokens a turn of the policies' own attempts (default the harness's
+            :data:`reterm.generation.MAX_TURN_TOKENS`, which every drill's reference fits: a lower cap cuts
+            commands and makes failures the model did not make).
         injected_per_family: bound on the single-stage train instances of each family whose first mistake is
             injected (default all). Multi-stage train instances (:func:`reterm.drills.generate.stage_parts`) give a
             whole reference solution each and one scripted failed attempt of :data:`MULTISTAGE_KINDS` each.
@@ -459,6 +469,13 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                 loaded[key] = load_policy(spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)
             return _batch(loaded[key], own_teacher, chunk, "own", max_turns, policy_label(spec))
         work.append((key, dirs[j % step :: step][:own_tasks], batch, run_own))
+        if own_multistage and multi:
+            def run_own_multi(chunk, spec=spec, key=key):  # fmt: skip
+                if key not in loaded:
+                    loaded[key] = load_policy(spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)
+                return _batch(loaded[key], own_teacher, chunk, "own", max(max_turns, OWN_MULTISTAGE_TURNS),
+                              policy_label(spec))  # fmt: skip
+            work.append((f"own-multi:{spec}", multi[:own_multistage], batch, run_own_multi))
     for key, key_dirs, size, run_chunk in work:
         todo = [d for d in key_dirs if (key, d.name) not in seen]
         for i in range(0, len(todo), size):
@@ -545,11 +562,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", action="append", default=None,
                    help="whose own failed attempts to mine (repeatable, in order; default smollm2; '' for none)")
     p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
+                   help=f"tokens a turn of the policies' own attempts (default {MAX_TURN_TOKENS}, the harness's)")
     p.add_argument("--batch", type=int, default=16, help="attempts generated together")
     p.add_argument("--held-out", type=float, default=0.08, help="share of train tasks whose records form `test`")
     p.add_argument("--max-tasks", type=int, default=None, help="use only the first N single-stage train instances (every two-stage one is used)")
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
+    p.add_argument("--own-multistage", type=int, default=0,
+                   help=f"each policy also attempts the first N two-stage train instances ({OWN_MULTISTAGE_TURNS}+ turns)")
     p.add_argument("--injected-per-family", type=int, default=None,
                    help="inject the first mistake on at most N single-stage train instances per family (default all)")
     p.add_argument("--reference-per-family", type=int, default=0,
@@ -561,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p for p in (a.policy if a.policy is not None else ["smollm2"]) if p]
         build(a.tasks, a.output, policies=policies, max_turns=a.max_turns, batch=a.batch,
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
-              own_tasks=a.own_tasks, injected_per_family=a.injected_per_family,
+              own_tasks=a.own_tasks, own_multistage=a.own_multistage, injected_per_family=a.injected_per_family,
               reference_per_family=a.reference_per_family, extends=a.extends)
     except (FileNotFoundError, ValueError) as exc:
         print(f"pipeline.drills: {exc}", file=sys.stderr)
