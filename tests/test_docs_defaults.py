@@ -130,6 +130,10 @@ def test_sizes_of_the_embedded_default_are_run_all_s():
         assert (int(a), int(b)) == (max_id, max_ood), f"{doc}: {a} + {b} evaluated; run_all.sh: {max_id} + {max_ood}"
     for doc, (a,) in _matches(r"Recovery@1 from (\d+) \+ \d+ injected failure states", need=["docs/REPRODUCING.md"]):
         assert int(a) == max_states, f"{doc}: Recovery@1 from {a} states; run_all.sh: --max-states {max_states}"
+    multistage = int(ev["--multistage-states"])
+    for doc, (a,) in _matches(r"Recovery@1 from (\d+) own two-stage failure states",
+                              need=["README.md", "docs/REPRODUCING.md"]):
+        assert int(a) == multistage, f"{doc}: Recovery@1 from {a} states; run_all.sh: --multistage-states {multistage}"
 
 
 def test_stage_lists_are_run_all_s():

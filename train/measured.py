@@ -190,7 +190,8 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
     lines += ["Rates: value [Wilson 95% interval] (n items); the learning-signal share is the share of a GRPO run's "
               "attempts in groups whose rewards differ, with a bootstrap interval over groups.", "",
               "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-              "GRPO learning-signal share | GRPO steps (attempts) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "Recovery@1 own two-stage states | GRPO learning-signal share | GRPO steps (attempts) |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in MODEL_LABELS.items():
         e = models.get(name) or {}
         p1, r1 = e.get("pass_at_1") or {}, e.get("recovery_at_1") or {}
@@ -199,7 +200,14 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
         steps = "-" if e.get("steps") is None else f"{e['steps']} ({e.get('attempts')})"
         lines.append(f"| {label} | {rate(p1.get('drills_id'))} | {rate(p1.get('drills_ood'))} | "
                      f"{rate(r1.get('drills_id'))} | {rate(r1.get('drills_ood'))} | "
-                     f"{rate(e.get('valid_tool_call_rate'))} | {sig_s} | {steps} |")  # fmt: skip
+                     f"{rate(e.get('valid_tool_call_rate'))} | {rate(r1.get('multistage_own'))} | {sig_s} | "
+                     f"{steps} |")  # fmt: skip
+    ms = summary.get("multistage_states")
+    if ms:
+        lines += ["", f"Recovery@1 own two-stage states: the same {ms.get('n_states')} failure states of "
+                  f"`{ms.get('state_model')}` on held-out two-stage drills for every model ({ms.get('n_tasks')} tasks "
+                  f"attempted from the start; its two-stage pass rate from task start "
+                  f"{rate(ms.get('pass_at_1_from_start'))})."]  # fmt: skip
     diffs = [(pair, key, d) for pair, per in (summary.get("differences") or {}).items() for key, d in per.items()
              if d.get("diff") is not None]  # fmt: skip
     if diffs:

@@ -212,7 +212,9 @@ case "$RECIPE:$SIZE" in
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs (bf16 autocast where the CPU has it); 15 GRPO steps of two groups of G=4 each (120 attempts) on the
     # two-stage drills. The evaluation: every one of the 120 in-distribution test instances and 12 held-out-family
-    # instances for Pass@1, 20 + 12 injected failure states for Recovery@1 per model.
+    # instances for Pass@1, 20 + 12 injected failure states for Recovery@1 per model, and Recovery@1 from 150 own
+    # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
+    # start until 150 failed, once; then 150 recovery attempts per model).
     DRILL_SIZE=(--per-family 32 --multistage 48)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 3)
     # the mine stage: the SFT model also attempts every two-stage train drill (8 turns): its own failed attempts
@@ -222,7 +224,8 @@ case "$RECIPE:$SIZE" in
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
-    EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 96)
+    EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 20 --own-items 4 --k-max 2 --max-turns 5 --max-new-tokens 96
+               --multistage-states 150)
     # the mechanism: 48 two-stage drills x (G=4 from the start + G=4 from the failed one with the most progress)
     # = 384 attempts, at temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
     # tasks; at 0.7, 729 of 732 turns were valid tool calls)
@@ -240,7 +243,7 @@ case "$SIZE" in
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
-    EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48)
+    EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48 --multistage-states 2)
     MECH_SIZE=(--tasks 2 --group-size 2 --max-turns 3 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;

@@ -293,8 +293,9 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     """The summary of a run evaluated on the recovery drills (``RUN/eval/results.json`` of ``reterm.eval.drills``).
 
     ``summary.json`` holds, per model, ``pass_at_1`` and ``recovery_at_1`` (each ``{"drills_id",
-    "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``), ``valid_tool_call_rate``, and for the two GRPO
-    runs ``zero_variance_group_share``, ``signal_attempt_share`` (and by state source) and ``steps``; the paired
+    "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``; ``recovery_at_1`` also ``multistage_own``, from the
+    state model's own two-stage failure states, whose origin is ``multistage_states``), ``valid_tool_call_rate``,
+    and for the two GRPO runs ``zero_variance_group_share``, ``signal_attempt_share`` (and by state source) and ``steps``; the paired
     differences, each with ``min_detectable_80``; ``mechanism`` (``RUN/mechanism/mechanism.json`` of
     :mod:`reterm.eval.mechanism`) when that stage ran; ``wall_s`` and ``peak_rss_gb`` of the run.
     Returns ``(markdown, data)``.
@@ -302,12 +303,13 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     run_dir = Path(run_dir)
     results = load_json(run_dir / "eval" / "results.json") or {}
     models = results.get("models") or {}
-    data: dict[str, Any] = {"run": rel_path(run_dir), "models": {}, "differences": results.get("differences", {})}
+    data: dict[str, Any] = {"run": rel_path(run_dir), "models": {}, "differences": results.get("differences", {}),
+                            "multistage_states": results.get("multistage_states")}
     lines = [f"# ReTerm run `{rel_path(run_dir)}` (recovery drills)", "",
              "Rates: value [Wilson 95% interval] (n items). Greedy decoding, the kit's one harness and prompt.", "",
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-             "zero-variance groups | GRPO steps (attempts, completion tokens) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "Recovery@1 own two-stage states | zero-variance groups | GRPO steps (attempts, completion tokens) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in DRILL_MODELS.items():
         m = models.get(name) or {}
         entry: dict[str, Any] = {"label": label, "pass_at_1": m.get("pass_at_1"), "recovery_at_1": m.get("recovery_at_1"),
@@ -334,8 +336,15 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
         p1, r1 = m.get("pass_at_1") or {}, m.get("recovery_at_1") or {}
         lines.append(f"| {label} | {_rate_md(p1.get('drills_id'))} | {_rate_md(p1.get('drills_ood'))} | "
                      f"{_rate_md(r1.get('drills_id'))} | {_rate_md(r1.get('drills_ood'))} | "
-                     f"{_rate_md(m.get('valid_tool_call_rate'))} | {'-' if zv is None else f'{zv:.2f}'} | "
+                     f"{_rate_md(m.get('valid_tool_call_rate'))} | {_rate_md(r1.get('multistage_own'))} | "
+                     f"{'-' if zv is None else f'{zv:.2f}'} | "
                      f"{budget} |")  # fmt: skip
+    ms = data["multistage_states"]
+    if ms:
+        lines += ["", f"Recovery@1 own two-stage states: every model recovers from the same {ms.get('n_states')} "
+                  f"failure states of `{ms.get('state_model')}` on held-out two-stage drills ({ms.get('n_tasks')} tasks "
+                  f"attempted from the start; its two-stage pass rate from task start "
+                  f"{_rate_md(ms.get('pass_at_1_from_start'))})."]  # fmt: skip
     lines += ["", "## Paired differences (bootstrap 95% interval over the same items)", ""]
     for pair, per in data["differences"].items():
         for key, d in per.items():

@@ -36,17 +36,28 @@ from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
 from reterm.drills.caps import unwinnable as find_unwinnable
+from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, generate_multistage, stage_families
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, apply_thread_policy, policy_defaults
 from reterm.io import write_text_atomic
 from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
-from reterm.recovery.state import State
+from reterm.recovery.state import Source, State
+from reterm.sandbox.snapshot import Snapshot
 from reterm.stats import paired_bootstrap, paired_power, rate
 from reterm.trajectory import Outcome, write_json_atomic
 
 PAIRS = [("sft", "base"), ("grpo-standard", "sft"), ("grpo-reterm", "sft"), ("grpo-reterm", "grpo-standard")]
 """(model, baseline) pairs whose paired differences the report gives, when both were evaluated."""
+
+MULTISTAGE_SEED = 0
+"""Seed of the held-out two-stage drills of ``--multistage-states`` (instances ``multi-000``, ... of
+:func:`reterm.drills.multistage.generate_multistage`; a drills folder's two-stage ``train`` instances start at
+index :data:`reterm.drills.multistage.TRAIN_START`, so the two never share an instance)."""
+
+MULTISTAGE_KEY = "multistage_own"
+"""The key of Recovery@1 from the state model's own two-stage failure states (``recovery_at_1``, ``infra_faults``;
+``per_item.json``: ``recovery_at_1/multistage_own``)."""
 
 
 def _say(msg: str) -> None:
@@ -103,6 +114,113 @@ async def _injected_states(dirs: list[Path], batch: int) -> tuple[list[Attempt],
     return failed, states, [c.trajectory.outcome is Outcome.SUCCESS for c in checks]
 
 
+def multistage_families(tasks: Path) -> tuple[str, ...]:
+    """The stage families of the held-out two-stage drills: the drills folder's in-distribution families that
+    may be a stage (as for its two-stage ``train`` instances), else the default ones."""
+    try:
+        meta = read_splits(tasks).get("drills")
+    except (FileNotFoundError, ValueError):
+        meta = None
+    if isinstance(meta, dict) and meta.get("families"):
+        fams = stage_families([f for f in meta["families"] if f not in meta.get("ood_families", [])])
+        if len(fams) >= 2:
+            return fams
+    return DEFAULT_STAGE_FAMILIES
+
+
+def load_multistage_states(folder: Path, state_model: str, n: int) -> dict[str, Any] | None:
+    """``folder/states.json`` when it holds ``n`` states of ``state_model`` whose snapshots still exist, else
+    ``None`` (the states are then built again)."""
+    path = folder / "states.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("state_model") != state_model or data.get("n_requested") != n or data.get("released"):
+            return None
+        for item in data["items"]:
+            if Snapshot.load(item["snapshot"]).released:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data
+
+
+def multistage_items(data: dict[str, Any], folder: Path) -> list[tuple[Path, State, str]]:
+    """(task folder, state, snapshot id) of each item of a ``states.json``."""
+    return [(folder / "tasks" / it["task"], State.from_json(it["state"]), it["snapshot"]) for it in data["items"]]
+
+
+def release_multistage(folder: Path) -> None:
+    """Release the snapshots of ``folder/states.json`` and mark the file (its states can no longer be forked)."""
+    path = folder / "states.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text())
+    for item in data.get("items", []):
+        try:
+            Snapshot.load(item["snapshot"]).release()
+        except FileNotFoundError:
+            pass
+    write_json_atomic(path, data | {"released": True})
+
+
+async def build_multistage_states(policy: Any, state_model: str, folder: Path, n: int, *, families: tuple[str, ...],
+                                  batch: int, max_tasks: int | None = None, **kw: Any) -> dict[str, Any]:  # fmt: skip
+    """The items of Recovery@1 from own two-stage failure states: ``policy`` (the model named ``state_model``)
+    makes one attempt from the start of each held-out two-stage drill, in order, until ``n`` attempts failed
+    (scored, at least one step) or ``max_tasks`` (default ``4 n``) were tried; tasks are written in chunks
+    (``1.3 n`` first). Writes ``folder/tasks``, ``folder/start_attempts.jsonl`` and ``folder/states.json``
+    (``state_model``, ``n_requested``, ``n_tasks`` attempted, ``n_states``, ``pass_at_1_from_start`` over every
+    attempted task, ``infra_faults``, ``items``: ``{"task", "state", "snapshot"}``), and returns the latter.
+    The items' snapshots are kept (:func:`release_multistage`)."""
+    t0 = time.monotonic()
+    old = folder / "states.json"
+    if old.is_file():  # a stale set (other model or size, or snapshots gone): free what is left of it
+        try:
+            release_multistage(folder)
+        except (OSError, ValueError):
+            pass
+    cap = max_tasks if max_tasks is not None else 4 * n
+    kept: list[tuple[Any, Attempt]] = []
+    scored: list[bool] = []
+    lines: list[str] = []
+    tried = infra = 0
+    try:
+        while len(kept) < n and tried < cap:
+            need = n - len(kept)
+            fail_share = (len(scored) - sum(scored)) / len(scored) if scored else 1.0
+            more = -(-13 * need // 10) if not scored else int(1.3 * need / max(fail_share, 0.2)) + 1
+            chunk = min(cap - tried, more)
+            tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families)[tried:]
+            atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} two-stage from start",
+                                   keep_failed_snapshots=True, **kw)  # fmt: skip
+            tried += len(tasks)
+            for a in atts:
+                lines.append(json.dumps({"kind": "multistage_start", **a.trajectory.model_dump(mode="json")}))
+                if not _scored(a):
+                    infra += 1
+                    continue
+                scored.append(bool(a.trajectory.passed))
+                if a.failed and a.trajectory.steps and len(kept) < n:
+                    kept.append((State.from_failure_state(attempt_end_state(a), a.trajectory, Source.OWN), a))
+                else:
+                    release([a])
+            _say(f"  {state_model}: {len(kept)}/{n} two-stage failure states from {tried} tasks")
+    except BaseException:
+        release([a for _, a in kept])
+        raise
+    data = {"state_model": state_model, "seed": MULTISTAGE_SEED, "families": list(families), "n_requested": n,
+            "n_tasks": tried, "n_states": len(kept), "pass_at_1_from_start": rate(scored), "infra_faults": infra,
+            "items": [{"task": a.task_dir.name, "state": st.to_json(), "snapshot": a.snapshot.id} for st, a in kept],
+            "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+    write_text_atomic(folder / "start_attempts.jsonl", "".join(line + "\n" for line in lines))
+    write_json_atomic(folder / "states.json", data)
+    _say(f"  {state_model}: {len(kept)} two-stage failure states from {tried} tasks; two-stage pass rate from task "
+         f"start {_fmt(data['pass_at_1_from_start'])}, {data['wall_s']:.0f}s")  # fmt: skip
+    return data
+
+
 def _per_category(items: list[tuple[str, bool]]) -> dict[str, Any]:
     by: dict[str, list[bool]] = defaultdict(list)
     for cat, ok in items:
@@ -112,8 +230,10 @@ def _per_category(items: list[tuple[str, bool]]) -> dict[str, Any]:
 
 async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: list[Path],
                          injected: tuple[list[Attempt], list[Any], list[bool]], out: Path, *,
-                         max_turns: int, batch: int, own_items: int, k_max: int) -> dict[str, Any]:  # fmt: skip
-    """One model's metrics (see the module docstring); writes ``out/<name>/attempts.jsonl``."""
+                         max_turns: int, batch: int, own_items: int, k_max: int,
+                         multistage: list[tuple[Path, State, str]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One model's metrics (see the module docstring); writes ``out/<name>/attempts.jsonl``. ``multistage``:
+    the items of Recovery@1 from own two-stage failure states (:func:`multistage_items`), if any."""
     t0 = time.monotonic()
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -156,6 +276,22 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     state_items = [State.from_failure_state(s, a.trajectory, "injected").eval_item(r.trajectory)
                    for a, s, r in zip(failed, states, recs)]  # fmt: skip
     release(recs)
+
+    # Recovery@1 from the state model's own two-stage failure states (shared by every model)
+    if multistage is not None:
+        ms = await _attempts(policy, [d for d, _, _ in multistage], batch, f"{name} recovery@1 (two-stage states)",
+                             states=[s for _, s, _ in multistage], snapshots=[i for _, _, i in multistage], **kw)
+        ok = [r for r in ms if _scored(r)]
+        res["recovery_at_1"][MULTISTAGE_KEY] = rate([r.trajectory.passed for r in ok])
+        res["infra_faults"][MULTISTAGE_KEY] = len(ms) - len(ok)
+        # keyed by the state's id: only recoveries from the very same state pair up (a rebuilt set may differ)
+        per_item[f"recovery_at_1/{MULTISTAGE_KEY}"] = {s.id: (float(r.trajectory.passed) if _scored(r) else None)
+                                                       for (_, s, _), r in zip(multistage, ms)}  # fmt: skip
+        lines += [json.dumps({"kind": f"recovery_{MULTISTAGE_KEY}", "category": s.category, "state_id": s.id,
+                              **r.trajectory.model_dump(mode="json")}) for (_, s, _), r in zip(multistage, ms)]  # fmt: skip
+        state_items += [s.eval_item(r.trajectory) | {"kind": f"recovery_{MULTISTAGE_KEY}"}
+                        for (_, s, _), r in zip(multistage, ms)]  # fmt: skip
+        release(ms)
 
     # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
     own_states = [attempt_end_state(a) for a in own_failed]
@@ -233,14 +369,19 @@ def report(results: dict[str, Any]) -> str:
     lines = ["# Recovery drills: evaluation", "",
              "Greedy decoding, the kit's harness and prompt. Rates: value [Wilson 95% interval] (n items).", "",
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID (injected) | Recovery@1 OOD (injected) | "
-             "valid tool calls | own Recovery@1 | Fatal Attempt Rate |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "valid tool calls | own Recovery@1 | Fatal Attempt Rate | Recovery@1 (own two-stage states) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, m in results["models"].items():
         own = m["recovery_own"]
         lines.append(f"| {name} | {_fmt(m['pass_at_1']['drills_id'])} | {_fmt(m['pass_at_1']['drills_ood'])} | "
                      f"{_fmt(m['recovery_at_1']['drills_id'])} | {_fmt(m['recovery_at_1']['drills_ood'])} | "
                      f"{_fmt(m['valid_tool_call_rate'])} | {_fmt(own.get('recovery_at_1'))} | "
-                     f"{_fmt(own.get('fatal_attempt_rate'))} |")  # fmt: skip
+                     f"{_fmt(own.get('fatal_attempt_rate'))} | {_fmt(m['recovery_at_1'].get(MULTISTAGE_KEY))} |")  # fmt: skip
+    ms = results.get("multistage_states")
+    if ms:
+        lines += ["", f"Recovery@1 (own two-stage states): {ms['n_states']} failure states of `{ms['state_model']}` "
+                  f"on held-out two-stage drills, from {ms['n_tasks']} tasks it attempted from the start; its "
+                  f"two-stage pass rate from task start: {_fmt(ms.get('pass_at_1_from_start'))}."]  # fmt: skip
     lines += ["", "## Paired differences (model - baseline, same items; bootstrap 95% interval)", ""]
     for pair, per in results.get("differences", {}).items():
         for key, d in per.items():
@@ -305,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="injected failure states for Recovery@1: at most N of the evaluated instances per split")
     p.add_argument("--own-items", type=int, default=32, help="own failed attempts followed for Recovery@k")
     p.add_argument("--k-max", type=int, default=3)
+    p.add_argument("--multistage-states", type=int, default=0, metavar="N",
+                   help="Recovery@1 from N own failure states of the --states-from model on held-out two-stage drills "
+                        "(0: off). Cost: the state model's attempts from the task start until N failed (1.3 N "
+                        "tasks first, more when it passes many, at most 4 N), once, plus N recovery attempts per model")
+    p.add_argument("--states-from", default="sft", metavar="NAME",
+                   help="the evaluated model whose own failed attempts make the two-stage states (default sft; "
+                        "if no model has that name, the first --model)")
     return p
 
 
@@ -330,6 +478,22 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"{len(id_dirs)} in-distribution and {len(ood_dirs)} out-of-distribution instances, models {list(models)}")
 
     todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
+    state_model = a.states_from if a.states_from in models else next(iter(models))
+    ms_dir = a.output / "multistage"
+    ms_kw = dict(families=multistage_families(a.tasks), batch=a.batch, max_turns=a.max_turns,
+                 max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS)  # fmt: skip
+    need_ms = a.multistage_states > 0 and bool(todo)
+    ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states) if need_ms else None
+    if need_ms and ms_data is None:
+        if state_model in todo:  # it builds the states at its turn, first
+            todo.sort(key=lambda n: n != state_model)
+        else:
+            _say(f"two-stage failure states from {state_model} = {models[state_model]}")
+            policy = load_policy(models[state_model], **policy_defaults(models[state_model],
+                                                                          max_new_tokens=a.max_new_tokens), seed=0)
+            ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states, **ms_kw))
+            del policy
+            gc.collect()
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
     injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo and state_dirs else ([], [], [])
     unwinnable: list[str] | None = None
@@ -345,22 +509,34 @@ def main(argv: list[str] | None = None) -> int:
                 if unwinnable:
                     _say(f"WARNING: {len(unwinnable)} items cannot be passed under {a.max_new_tokens} tokens x "
                          f"{a.max_turns} turns even by their reference solution: {unwinnable[:5]}...")  # fmt: skip
+            if need_ms and ms_data is None:  # name is the state model
+                ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states,
+                                                              **ms_kw))  # fmt: skip
             m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
-                                           k_max=a.k_max))  # fmt: skip
+                                           k_max=a.k_max,
+                                           multistage=multistage_items(ms_data, ms_dir) if ms_data else None))  # fmt: skip
             _say(f"{name}: Pass@1 ID {_fmt(m['pass_at_1']['drills_id'])}, Recovery@1 ID "
                  f"{_fmt(m['recovery_at_1']['drills_id'])}, {m['wall_s']:.0f}s")  # fmt: skip
             del policy
             gc.collect()
     finally:
         release(injected[0])
+    if all((a.output / n / "metrics.json").exists() for n in models):
+        release_multistage(ms_dir)  # every model recovered from them: their snapshots go
+    ms_file = ms_dir / "states.json"
+    ms_info = None
+    if a.multistage_states > 0 and ms_file.is_file():
+        ms_info = {k: v for k, v in json.loads(ms_file.read_text()).items() if k not in ("items", "released")}
     results = {"models": {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models},
                "differences": compare(a.output, list(models)),
                "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs),
                          "injected_states": len(injected[1]) if todo else None},
+               "multistage_states": ms_info,
                "settings": {"max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "decoding": "greedy",
                             "unwinnable_items": unwinnable,
-                            "own_items": a.own_items, "k_max": a.k_max},
+                            "own_items": a.own_items, "k_max": a.k_max,
+                            "multistage_states": a.multistage_states, "states_from": state_model},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)
     (a.output / "report.md").write_text(report(results))
