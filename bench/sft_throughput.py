@@ -12,7 +12,13 @@ Prints tokens/s (every token of a batch, prompt included, counts) and peak resid
 model, optimiser and activations included) of each, then one JSON line with ``sft_over_bare`` (target >= 0.67)
 and ``sft_peak_gb`` (target <= 3).
 
-Usage: ``python bench/sft_throughput.py [--config train/recipes/smollm2-135m/sft.yaml] [--dataset DIR] [--steps 4]``
+With ``--compare-omp`` it times the ``sft`` side instead under ``OMP_WAIT_POLICY=PASSIVE`` and ``ACTIVE``, in
+alternation (``--repeats`` pairs), and prints both tokens/s and their ratio: the policy decides whether torch's
+OpenMP threads sleep or spin between parallel regions (passive is right beside sandboxes and generation, where a
+spinning thread steals the core a command needs; run_all gives its SFT stage, which runs no sandbox, ``ACTIVE``).
+
+Usage: ``python bench/sft_throughput.py [--config train/recipes/smollm2-135m/sft.yaml] [--dataset DIR] [--steps 4]
+[--compare-omp [--repeats 2]]``
 (``--dataset``: default the repository's small recovery fixture, so that it runs from a fresh clone; the
 recipe's own dataset is the embedded run's ``runs/smollm2-135m/data``).
 """
@@ -118,22 +124,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(REPO / "train/recipes/smollm2-135m/sft.yaml"))
     ap.add_argument("--dataset", default=str(REPO / "tests/fixtures/reterm10k_mini"), help="records folder or Hub id")
     ap.add_argument("--steps", type=int, default=4, help="timed optimiser steps (after one warm-up step)")
+    ap.add_argument("--compare-omp", action="store_true",
+                    help="time the sft side under OMP_WAIT_POLICY=PASSIVE and ACTIVE instead of sft against bare")
+    ap.add_argument("--repeats", type=int, default=2, help="with --compare-omp: PASSIVE/ACTIVE pairs, in alternation")
     ap.add_argument("--side", choices=("sft", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.side:
         print("RESULT " + json.dumps(run_side(args.side, args.config, args.dataset, args.steps)))
         return 0
 
-    results = {}
-    for side in ("bare", "sft"):
+    def side_process(side: str, env: dict[str, str] | None = None) -> dict:
         proc = subprocess.run([sys.executable, __file__, "--side", side, "--config", args.config, "--dataset", args.dataset,
                                "--steps", str(args.steps)],
-                              capture_output=True, text=True, cwd=REPO)  # fmt: skip
+                              capture_output=True, text=True, cwd=REPO, env=env)  # fmt: skip
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
             raise SystemExit(f"{side}: failed (exit {proc.returncode})")
-        results[side] = json.loads(line[len("RESULT "):])
+        return json.loads(line[len("RESULT "):])
+
+    if args.compare_omp:
+        runs: dict[str, list[float]] = {"PASSIVE": [], "ACTIVE": []}
+        for _ in range(args.repeats):
+            for policy in runs:
+                runs[policy].append(side_process("sft", {**os.environ, "OMP_WAIT_POLICY": policy})["tokens_per_s"])
+        load = os.getloadavg()
+        print(f"\nSFT tokens/s by OMP_WAIT_POLICY, {args.steps} optimiser steps a run, {args.repeats} runs each "
+              f"(cpus {os.cpu_count()}, load average {load[0]:.1f} {load[1]:.1f})\n")  # fmt: skip
+        print("| OMP_WAIT_POLICY | tokens/s (each run) | median |")
+        print("|---|---|---:|")
+        med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+        for k, v in runs.items():
+            print(f"| {k} | {', '.join(f'{x:.0f}' for x in v)} | {med[k]:.0f} |")
+        print(f"\nACTIVE / PASSIVE = {med['ACTIVE'] / med['PASSIVE']:.2f}")
+        print(json.dumps({"omp_passive_tokens_per_s": [round(x, 1) for x in runs["PASSIVE"]],
+                          "omp_active_tokens_per_s": [round(x, 1) for x in runs["ACTIVE"]],
+                          "active_over_passive": round(med["ACTIVE"] / med["PASSIVE"], 3),
+                          "load_average": round(load[0], 2)}))  # fmt: skip
+        return 0
+
+    results = {side: side_process(side) for side in ("bare", "sft")}
     load = os.getloadavg()
     print(f"\nSFT throughput, {Path(args.config).relative_to(REPO) if Path(args.config).is_relative_to(REPO) else args.config}, "
           f"{args.steps} optimiser steps (cpus {os.cpu_count()}, load average {load[0]:.1f} {load[1]:.1f})\n")  # fmt: skip
