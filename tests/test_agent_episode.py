@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,48 @@ def test_bash_tool_set_ends_an_attempt_with_a_reply_without_a_tool_call():
     replies = iter(["Done.", bash_call(SOLVE), '<tool_call>{"name": "submit"}</tool_call>'])
     traj = run(_episode(ScriptedPolicy(lambda messages: next(replies))))
     assert traj.steps[0].parse_error == "no_tool_call" and traj.system_prompt == SYSTEM_PROMPT
+
+
+
+class _SlowBatch(ScriptedPolicy):
+    """Takes ``per_conversation_s`` a conversation of each call, as a batched local model does."""
+
+    def __init__(self, *args, per_conversation_s: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.per_conversation_s = per_conversation_s
+
+    def generate(self, batch, tools):
+        time.sleep(self.per_conversation_s * len(batch))
+        return super().generate(batch, tools)
+
+
+def test_time_budget_charges_a_share_of_each_batched_call_and_no_other_episodes_commands():
+    """Four episodes in lock-step, a call taking 0.4 s a conversation (1.6 s for four); one episode's commands
+    sleep 3 s each. Charged by the wall clock, every episode would spend its 5 s budget before its second turn;
+    charged its own share of each call (~0.4 s) and its own commands, the three fast ones submit a passing attempt
+    (about 1.5 s charged, room for a loaded machine) and only the slow one runs out."""
+    scripts = {f"task {i}": ["true", SOLVE] for i in range(3)} | {"task slow": ["sleep 3", "sleep 3", "sleep 3", SOLVE]}
+
+    def reply(messages):
+        cmds = scripts[messages[1]["content"]]
+        k = sum(m["role"] == "assistant" for m in messages)
+        return bash_call(cmds[k]) if k < len(cmds) else '<tool_call>{"name": "submit"}</tool_call>'
+
+    async def body():
+        env = LocalEnvironment.for_task(TASK)
+        async with env:
+            forks = await env.fork(4)
+            try:
+                specs = [EpisodeSpec(f, TASK, instruction=name) for f, name in zip(forks, scripts)]
+                return await run_episodes(_SlowBatch(reply, per_conversation_s=0.4), specs, time_budget_s=5)
+            finally:
+                for f in forks:
+                    await f.stop(delete=True)
+
+    trajs = run(body())
+    fast, slow = trajs[:3], trajs[3]
+    for t in fast:
+        assert t.stop_reason == "submitted" and t.outcome is Outcome.SUCCESS, (t.stop_reason, t.metadata["timing"])
+        timing = t.metadata["timing"]
+        assert timing["budget_charged_s"] < 5 < timing["generation_s"] + timing["lockstep_wait_s"]
+    assert slow.stop_reason == "time_budget" and slow.outcome is Outcome.FAILURE
