@@ -53,7 +53,7 @@ def _state(steps) -> State:
     traj = _trajectory(steps)
     primary = localise(traj).primary
     assert primary is not None
-    return State.from_failure_state(primary, traj, "own")
+    return primary
 
 
 def _fixer(messages: list[dict]) -> str:

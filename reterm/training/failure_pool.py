@@ -392,10 +392,10 @@ def online_states_from_attempt(
                                       category=category, source="online", parent_id=parent.state_id,
                                       created_step=step)  # fmt: skip
         return [state] if _check_prompt(state) is None else []
-    chosen = [s for s in result.states if s.primary] + [s for s in result.states if s.consequential and not s.primary]
+    chosen = result.select("first") + [s for s in result.states if s.localisation.consequential and not s.localisation.primary]
     out = []
     for fs in chosen[:max_states]:
-        prompt = trajectory.to_messages(upto=fs.history_len)
+        prompt = trajectory.to_messages(upto=len(fs.history))
 
         prompt = template_messages(prompt)
         state = PoolState.from_prompt(state_id(parent.task_id, prompt), parent.task_id, parent.task_dir, prompt,
