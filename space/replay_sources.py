@@ -375,8 +375,8 @@ def _job_view(data: tuple[Path, Trajectory, Any]) -> EpisodeView:
         view.failure_step, view.failure_category, view.failure_evidence = primary.step, primary.category, primary.evidence
         if primary.step + 1 < len(traj.steps):
             view.recovery_from = primary.step + 1
-        if primary.resolved_by is not None:
-            view.notes.append(f"The agent fixed this failure itself at step {primary.resolved_by + 1}.")
+        if primary.localisation.resolved_by is not None:
+            view.notes.append(f"The agent fixed this failure itself at step {primary.localisation.resolved_by + 1}.")
     elif loc.infra_fault:
         view.notes.append(f"Infrastructure fault: {loc.infra_reason or traj.error or traj.outcome.value} (not scored).")
     elif traj.outcome is Outcome.FAILURE:

@@ -45,7 +45,7 @@ def _rollout_rows() -> list[dict]:
     from reterm.training.grpo_outputs import rollout_rows
     from reterm.training.grpo_rollout import Attempt, GroupRollout
 
-    state = PoolState(state_id="s1", task_id="t", task_dir="tasks/t", prompt=[], category="missing_dependency")
+    state = PoolState.from_prompt(state_id="s1", task_id="t", task_dir="tasks/t", prompt=[], category="missing_dependency")
     group = GroupRollout(state=state, group=0)
     for k, reward in enumerate([1.0, 0.0]):
         traj = _attempt(k, reward)

@@ -53,7 +53,7 @@ def _state(steps) -> State:
     traj = _trajectory(steps)
     primary = localise(traj).primary
     assert primary is not None
-    return State.from_failure_state(primary, traj, "own")
+    return primary
 
 
 def _fixer(messages: list[dict]) -> str:
@@ -112,7 +112,7 @@ def test_a_grpo_group_starts_in_what_the_attempt_left(fork_method):
     def pool_state(steps) -> PoolState:
         traj = _trajectory(steps)
         prompt = template_messages(traj.to_messages(upto=len(steps)))
-        return PoolState(state_id(TASK.name, prompt), TASK.name, str(TASK), prompt, "other")
+        return PoolState.from_prompt(state_id(TASK.name, prompt), TASK.name, str(TASK), prompt, "other")
 
     tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("smollm2"))
     policy = TokenTrajectoryPolicy(tok, scripted_generate_fn(tok, lambda chain, messages: _fixer(messages)),

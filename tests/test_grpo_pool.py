@@ -53,7 +53,7 @@ def test_seed_states_from_records(records):
 
 
 def _state(i: int, source: str = "seed") -> PoolState:
-    return PoolState(state_id=f"s{i}", task_id="hello-file", task_dir="/nowhere", prompt=initial_messages(f"task {i}"),
+    return PoolState.from_prompt(state_id=f"s{i}", task_id="hello-file", task_dir="/nowhere", prompt=initial_messages(f"task {i}"),
                      category="other", source=source)  # fmt: skip
 
 
@@ -113,7 +113,7 @@ def test_online_state_from_a_failed_attempt():
                                   observation="(no output)\n[exit status: 0]", exit_status=0),
                          ], prefix_len=1)  # fmt: skip
     attempt.set_reward(0.0)
-    parent = PoolState("p", "hello-file", "/nowhere", attempt.to_messages(upto=1), "other")
+    parent = PoolState.from_prompt("p", "hello-file", "/nowhere", attempt.to_messages(upto=1), "other")
     (state,) = online_states_from_attempt(attempt, parent, step=4)
     assert state.category == "missing_dependency" and state.source == "online" and state.parent_id == "p"
     assert state.prompt[-1]["content"].startswith("bash: jq: command not found") and len(state.history) == 2
@@ -123,12 +123,45 @@ def test_online_state_from_a_failed_attempt():
     assert online_states_from_attempt(attempt, parent, step=4) == []
 
 
+
+def test_pool_entry_holds_a_state_and_old_flat_checkpoints_still_load(records):
+    """A pool entry is a ``State`` plus its pool fields (issue 31): ``state_id``/``task_id``/``prompt``/``category``
+    read the state; the JSON (checkpoints) and the pickle (accelerate's gather_object) round-trip; an entry in the
+    flat layout of checkpoints written before (no ``state`` field) still loads, with the same state id."""
+    import json
+    import pickle
+
+    from reterm.recovery.state import State, state_id
+
+    (seed, *_), _ = seed_states_from_records(records, TASK_DIRS)
+    assert isinstance(seed.state, State) and seed.state_id == seed.state.id == State.from_record(records[0]).id
+    assert (seed.task_id, seed.prompt, seed.category) == (seed.state.task_id, seed.state.messages, seed.state.category)
+    with pytest.raises(AttributeError):
+        seed.state_id = "x"  # read-only: the id is the state's
+    for back in (PoolState.from_json(json.loads(json.dumps(seed.to_json()))), pickle.loads(pickle.dumps(seed))):
+        assert back == seed and back.state_id == seed.state_id and back.history == seed.history
+    assert set(seed.to_json()) == {"state", "task_dir", "source", "parent_id", "created_step"}
+    # the flat layout (PoolState fields before the entry held a State)
+    flat = {"state_id": seed.state_id, "task_id": seed.task_id, "task_dir": seed.task_dir, "prompt": seed.prompt,
+            "category": seed.category, "source": "online", "parent_id": "p", "created_step": 3,
+            "failure_source": "own"}  # fmt: skip
+    old = PoolState.from_json(json.loads(json.dumps(flat)))
+    assert old.state_id == seed.state_id == state_id(old.task_id, old.prompt) and old.state.source == "online"
+    assert (old.parent_id, old.created_step, old.category) == ("p", 3, seed.category)
+    assert old.replay_commands == seed.replay_commands and old.state.replay_commands == seed.state.replay_commands
+    pool = FailurePool([seed], online_fraction=1.0)
+    pool.load_state_dict({"online": [flat], "pending": [], "retired": [], "counts": {}})
+    assert pool.online[0].state_id == seed.state_id
+    with pytest.raises(ValueError, match="neither"):
+        PoolState.from_json({"state_id": "s", "prompt": []})
+
+
 def test_pool_skips_states_that_keep_giving_equal_rewards_before_rollout():
     """GRESO-style pre-rollout skipping (issue 24): after 2 groups with equal rewards a state is replaced by another
     (most of the time), a group with differing rewards resets it, and the streaks survive a checkpoint."""
     from reterm.training.failure_pool import FailurePool, PoolState
 
-    seeds = [PoolState(state_id=f"s{i}", task_id=f"t{i}", task_dir="", prompt=[{"role": "user", "content": str(i)}])
+    seeds = [PoolState.from_prompt(state_id=f"s{i}", task_id=f"t{i}", task_dir="", prompt=[{"role": "user", "content": str(i)}])
              for i in range(4)]  # fmt: skip
     pool = FailurePool(seeds, online_fraction=0.0, skip_equal_after=2, skip_equal_explore=0.2)
     assert [s.state_id for s in pool.choose(["s0"] * 4, 0, 0, 4)] == ["s0"] * 4  # nothing recorded yet

@@ -45,7 +45,7 @@ def _tampered(state: PoolState) -> PoolState:
     prompt = [dict(m) for m in state.prompt]
     prompt[-1]["content"] = prompt[-1]["content"].replace("[exit status: 127]", "[exit status: 0]")
     assert prompt[-1]["content"].endswith("[exit status: 0]")
-    return PoolState(state.state_id + "-tampered", state.task_id, state.task_dir, prompt, state.category)
+    return PoolState.from_prompt(state.state_id + "-tampered", state.task_id, state.task_dir, prompt, state.category)
 
 
 @pytest.mark.parametrize("fork_method", ["replay", "snapshot"])

@@ -9,6 +9,7 @@ import pytest
 from reterm.agent.protocol import SYSTEM_PROMPT, format_observation
 from reterm.policies.base import Generation
 from reterm.recovery import Category, Classifier, LLMJudge, localise, localise_many
+from reterm.recovery.state import State, state_id_of
 from reterm.trajectory import Action, Outcome, Step, Trajectory
 
 TRACEBACK = (
@@ -63,17 +64,21 @@ def test_first_consequential_failure_is_primary():
     assert res.step_labels[:4] == ["none", "missing_dependency", "none", "none"]
     assert [(s.step, s.category) for s in res.states] == [(1, "missing_dependency"), (5, "faulty_implementation")]
     md, fi = res.states
-    assert md.resolved_by == 3 and not md.consequential and not md.primary
-    assert fi.consequential and fi.primary and res.primary is fi
-    assert fi.repeats == [6] and "repeated_at:6" in fi.signals and "exit_status=1" in fi.signals
-    assert fi.evidence.startswith("TypeError") and fi.confidence >= 0.85  # solve.py was written by the agent
+    assert md.localisation.resolved_by == 3 and not md.localisation.consequential and not md.localisation.primary
+    assert fi.localisation.consequential and fi.localisation.primary and res.primary is fi
+    assert fi.localisation.repeats == [6] and "repeated_at:6" in fi.localisation.signals
+    assert "exit_status=1" in fi.localisation.signals
+    # the localiser's states are the kit's one failure-state type, with the id every stage gives the history
+    assert isinstance(fi, State) and fi.source == "own" and fi.level == "in_attempt"
+    assert fi.id == state_id_of(jq_then_bug(), jq_then_bug().prefix(6)) and fi.command == fi.history[-1].command
+    assert fi.evidence.startswith("TypeError") and fi.localisation.confidence >= 0.85  # solve.py was written by the agent
     # history and replay: everything up to and including the failing step
-    assert fi.history_len == 6 and [s.index for s in fi.history] == list(range(6))
+    assert len(fi.history) == 6 and [s.index for s in fi.history] == list(range(6))
     assert all(s.from_history for s in fi.history)
     assert fi.replay_commands == [s.command for s in jq_then_bug().steps[:6]]
     assert fi.replay_timeouts == [None, None, None, None, 10, None]
-    assert fi.task_id == "t1" and fi.origin_id == "traj-a" and fi.snapshot_id is None
-    assert fi.trial_passed is False
+    assert fi.task_id == "t1" and fi.localisation.origin_id == "traj-a" and fi.localisation.snapshot_id is None
+    assert fi.localisation.trial_passed is False
     # no premature completion: an unresolved failure explains the failed submit
     assert all(s.category != "premature_completion" for s in res.states)
     assert res.select("first") == [fi]
@@ -97,10 +102,10 @@ def test_state_ids_are_stable_and_distinct():
 def test_premature_completion_at_submit_without_visible_error():
     t = traj([bash(0, "ls", "data.csv\n"), bash(1, "echo 42 > answer.txt"), submit(2)], reward=0.0)
     res = localise(t)
-    assert [(s.step, s.category, s.primary) for s in res.states] == [(2, "premature_completion", True)]
+    assert [(s.step, s.category, s.localisation.primary) for s in res.states] == [(2, "premature_completion", True)]
     pc = res.states[0]
-    assert pc.history_len == 2 and pc.replay_commands == ["ls", "echo 42 > answer.txt"]  # the submit is left out
-    assert "verifier_failed" in pc.signals
+    assert len(pc.history) == 2 and pc.replay_commands == ["ls", "echo 42 > answer.txt"]  # the submit is left out
+    assert "verifier_failed" in pc.localisation.signals
     # the same episode passing, or not verified yet: no failure state
     assert localise(traj(t.steps, reward=1.0)).states == []
     assert localise(traj(t.steps)).states == []  # PENDING
@@ -111,7 +116,7 @@ def test_resolved_errors_then_failed_submit_is_premature():
               bash(1, "pip install pyyaml", "Successfully installed PyYAML-6.0.1\n"),
               bash(2, "python3 -c 'import yaml'", "", 0), submit(3)], reward=0.0)
     res = localise(t)
-    assert [(s.step, s.category, s.consequential, s.primary) for s in res.states] == [
+    assert [(s.step, s.category, s.localisation.consequential, s.localisation.primary) for s in res.states] == [
         (0, "missing_dependency", False, False), (3, "premature_completion", True, True)]
 
 
@@ -145,7 +150,7 @@ def test_timeout_and_parse_errors():
     assert res.parse_error_steps == [0]
     assert [(s.step, s.category) for s in res.states] == [(1, "timeout_hang")]
     assert res.states[0].replay_commands == ["python3 server.py"] and res.states[0].replay_timeouts == [30]
-    assert "timed_out" in res.states[0].signals
+    assert "timed_out" in res.states[0].localisation.signals
     # only parse errors and a failed trial: nothing to recover from, flagged unexplained
     res = localise(traj([parse_error(0), parse_error(1)], reward=0.0, stop_reason="parse_errors"))
     assert res.states == [] and res.unexplained and res.parse_error_steps == [0, 1]
@@ -156,9 +161,9 @@ def test_undone_step_becomes_a_failure_state():
               bash(2, "git checkout -- app.py"), bash(3, "pip install requests==2.0.0", "Successfully installed\n"),
               bash(4, "pip uninstall -y requests", "Successfully uninstalled requests-2.0.0\n"), submit(5)], reward=0.0)
     res = localise(t)
-    assert [(s.step, s.category, s.source) for s in res.states] == [
+    assert [(s.step, s.category, s.localisation.source) for s in res.states] == [
         (0, "faulty_implementation", "localiser"), (3, "missing_dependency", "localiser")]
-    assert res.states[0].signals == ["undone_by:2"] and res.states[0].confidence == 0.5
+    assert res.states[0].localisation.signals == ["undone_by:2"] and res.states[0].localisation.confidence == 0.5
     assert res.primary.step == 0
 
 
@@ -170,7 +175,7 @@ def test_recovery_attempt_history_is_context_only():
     res = localise(t)
     assert res.states == [] and res.step_labels[:2] == ["", ""]
     res = localise(t, include_history=True)
-    assert [(s.step, s.category, s.resolved_by) for s in res.states] == [(1, "faulty_implementation", 3)]
+    assert [(s.step, s.category, s.localisation.resolved_by) for s in res.states] == [(1, "faulty_implementation", 3)]
 
 
 class Judge:
@@ -190,7 +195,7 @@ def test_localise_many_batches_the_judge_over_trajectories():
     a, b = localise_many([jq_then_bug(), odd], Classifier(judge=LLMJudge(judge)))
     assert judge.calls == 1
     assert [s.category for s in a.states] == ["missing_dependency", "faulty_implementation"]  # sure: not asked
-    assert [(s.step, s.category, s.source) for s in b.states] == [(0, "wrong_state", "judge")]
+    assert [(s.step, s.category, s.localisation.source) for s in b.states] == [(0, "wrong_state", "judge")]
     assert Category(b.states[0].category) is Category.WRONG_STATE
 
 
@@ -205,5 +210,5 @@ def test_judge_is_not_asked_about_copied_history():
     judge = Counting("wrong_command")
     res = localise(t, Classifier(judge=LLMJudge(judge)))
     assert judge.sizes == [1]  # only the generated step
-    assert [(s.step, s.category, s.source) for s in res.states] == [(1, "wrong_command", "judge")]
+    assert [(s.step, s.category, s.localisation.source) for s in res.states] == [(1, "wrong_command", "judge")]
     assert res.step_labels == ["", "wrong_command", "premature_completion"]

@@ -18,7 +18,7 @@ from reterm.policies.scripted import bash_call
 from reterm.records import COLUMNS, RELEASE_COLUMNS
 from reterm.recovery.attempts import Attempt, attempt_end_state
 from reterm.recovery.localise import localise
-from reterm.recovery.state import Level, Source, State, canonical_messages, state_id, state_id_of
+from reterm.recovery.state import Level, Source, State, canonical_messages, from_localiser_json, state_id, state_id_of
 from reterm.trajectory import Action, Step, Trajectory
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -72,7 +72,7 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     # dataset record (what reterm.data.drills writes) -> State.from_record
     rec = _recovery(fs)
     k = len(rec.to_messages(upto=rec.prefix_len))
-    record = _record(State.from_failure_state(fs, first, "injected"), rec, failure_step=1, failed=first.steps[0],
+    record = _record(fs.with_source("injected"), rec, failure_step=1, failed=first.steps[0],
                      source_policy="first-mistake", family="")  # fmt: skip
     assert record["train_from_message_index"] == k and record["target_attempt_index"] == 2
     assert record["recovery_turns"] == 2 and record["replay_commands"] == fs.replay_commands
@@ -97,12 +97,26 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     assert seed.row()["state_source"] == from_record.pool_row()["state_source"] == "injected"
     assert seed.row()["pool_origin"] == "seed" and seed.state.level is Level.ATTEMPT and seed.state.id == fs.id
     assert online.row()["state_source"] == "online" == online.state.source and online.state.level is Level.ATTEMPT
-    old = json.loads(fs.model_dump_json()) | {"level": "attempt_end"}  # a journal written before the one spelling
-    assert type(fs).model_validate(old).level is Level.ATTEMPT and fs.model_dump(mode="json")["level"] == "attempt"
+    # a journal written before the localiser made State objects (its own layout, the older level spelling)
+    new = fs.to_json()
+    old = {k: v for k, v in new.items() if k not in ("messages", "source", "localisation")}
+    old |= new["localisation"] | {"level": "attempt_end", "history_len": len(fs.history)}
+    with pytest.raises(ValueError, match="older layout"):
+        State.from_json(old)
+    back = from_localiser_json(json.loads(json.dumps(old)), first, "injected")
+    assert back.id == fs.id and back.level is Level.ATTEMPT and back.source is Source.INJECTED
+    assert back.localisation == fs.localisation and back.history == fs.history and back.messages == fs.messages
+    assert State.from_json(json.loads(json.dumps(new))) == fs and new["level"] == "attempt"
+    # the pipeline's journal (WorkItem) converts that layout as the pipeline did then (kit prompt + instruction)
+    from reterm.data.recover import WorkItem
+
+    item = WorkItem.from_json({"state": old, "instruction": first.instruction, "source": "injected",
+                               "source_policy": "p", "default_timeout": 10.0})  # fmt: skip
+    assert item.state.id == fs.id and item.state.source is Source.INJECTED
 
     # eval: the item of a recovery attempt from the state
-    st = State.from_failure_state(fs, first, source="injected")
-    assert st.id == fs.id and st.eval_item(rec) | {"state_id": fs.id} == st.eval_item(rec)
+    st = fs.with_source("injected")
+    assert st.id == fs.id and st.source is Source.INJECTED and fs.source is Source.OWN and st.eval_item(rec) | {"state_id": fs.id} == st.eval_item(rec)
     assert st.eval_item(rec)["passed"] is True
 
     # in-attempt: the localiser's state and the step-level record agree
@@ -120,7 +134,8 @@ def test_one_state_has_one_id_in_dataset_grpo_and_eval():
     assert row["train_from_message_index"] == 4 and row["target_attempt_index"] == 1
     assert in_attempt.id == state_id_of(whole, whole.steps[:1])
     assert primary.id == row["trajectory_id"] == State.from_record(json.loads(json.dumps(row))).id
-    assert State.from_failure_state(primary, failing, source="own").level == "in_attempt"
+    assert primary.level == "in_attempt" and primary.source == "own" and primary.localisation.primary
+    assert primary.history[-1].command == primary.command and primary.step == len(primary.history) - 1
 
 
 def test_a_premature_completion_state_keeps_its_id_through_record_pool_eval_and_space():
@@ -153,7 +168,7 @@ def test_a_premature_completion_state_keeps_its_id_through_record_pool_eval_and_
     assert record["trajectory_id"] == fs.id == State.from_record(record).id
     (seed,), _ = seed_states_from_records([record], [FIXTURES / "tasks"], exclude=set())
     assert seed.state_id == fs.id
-    assert State.from_failure_state(fs, early, "own").eval_item(recovery)["state_id"] == fs.id
+    assert fs.eval_item(recovery)["state_id"] == fs.id
     assert group_key(recovery) == f"hello-file/{fs.id}"
     recovery.metadata.clear()
     assert group_key(recovery) == f"hello-file/{fs.id}"  # computed from the history when not recorded
@@ -161,7 +176,7 @@ def test_a_premature_completion_state_keeps_its_id_through_record_pool_eval_and_
 
 def test_the_record_writer_fixes_the_state_columns_and_reads_back():
     first = _failed_attempt()
-    st = State.from_failure_state(attempt_end_state(Attempt(TASK_DIR, first)), first, "injected")
+    st = attempt_end_state(Attempt(TASK_DIR, first), source="injected")
     assert st.level is Level.ATTEMPT and st.source is Source.INJECTED and st.level == "attempt"
     only = st.to_record(None, failure_step=1)
     assert list(only)[:6] == list(RELEASE_COLUMNS) and tuple(only) == COLUMNS

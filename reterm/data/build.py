@@ -43,14 +43,14 @@ from reterm.data.build_report import markdown, plots
 from reterm.data.config import ConfigError, PipelineConfig, load_config, resolve_path
 from reterm.data.failures import mine_states
 from reterm.data.filters import Decontaminator, EvalTask, apply_filters, eval_task_from_folder
-from reterm.data.recover import WorkItem, recover_all
+from reterm.data.recover import WorkItem, read_state, recover_all
 from reterm.data.replay_check import replay_record
 from reterm.data.rollout import RolloutFault
 from reterm.data.state import ConfigMismatchError, Journal
 from reterm.data.tasks import TaskInfo, benchmark_tasks, check_tasks, eval_tasks, select_tasks
 from reterm.data.teacher import OracleGuidedTeacher, load_recovery_policy
 from reterm.io import write_text_atomic
-from reterm.recovery.state import Source, State
+from reterm.recovery.state import Source
 from reterm.trajectory import Outcome, Trajectory
 
 logger = logging.getLogger("pipeline")
@@ -110,8 +110,8 @@ def stage_failures(cfg: PipelineConfig, journal: Journal, rollouts: Any, tasks: 
         by_traj = {t.metadata["rollout_id"]: t for t in rollouts.failed}
         items = []
         for s in mined.states:
-            traj = by_traj[s.origin_id]
-            items.append(WorkItem(State.from_failure_state(s, traj, Source.OWN), traj.instruction, "own",
+            traj = by_traj[s.localisation.origin_id]
+            items.append(WorkItem(s, traj.instruction, "own",
                                   traj.policy or cfg.rollout.policy, cfg.rollout.command_timeout).to_json())  # fmt: skip
         journal.write_unit("failures", "states", {"items": items})
         st.finish(mined.summary())
@@ -192,7 +192,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
                                                  "scripted", instruction=src.instruction)  # fmt: skip
                 with_id(traj)
                 fs, why = inject.injected_state(traj, p, task_dirs[src.task_id])
-                state = State.from_failure_state(fs, traj, Source.INJECTED) if fs is not None else None
+                state = fs.with_source(Source.INJECTED) if fs is not None else None
                 origin = "the reference solution" if src.policy == "oracle" else f"a successful rollout of {src.policy}"
                 journal.write_unit("injected", key, {
                     "perturbation": p.to_json(), "source_trajectory": src.metadata["rollout_id"],
@@ -224,7 +224,7 @@ def stage_injection(cfg: PipelineConfig, journal: Journal, tasks: list[TaskInfo]
     for k in journal.read_unit("injection", "plan")["keys"]:
         u = journal.read_unit("injected", k)
         if u["state"]:
-            state = State.from_json(u["state"])
+            state = read_state(u["state"], u["instruction"], "injected")
             items.append(WorkItem(state, u["instruction"], "injected", u["source_policy"], ic.command_timeout,
                                   f"{u['perturbation']['description']} (perturbed {u['origin']})"))  # fmt: skip
     return items

@@ -113,7 +113,7 @@ def evidence_label(attempt: Attempt, category: str, located: bool, source: str) 
         attempt: the failed first attempt.
         category: the failure state's category (:func:`reterm.recovery.attempts.attempt_end_state`: the
             localiser's, or the task's ``[metadata]`` category when the localiser found no failing step).
-        located: whether the localiser found a failing step (``FailureState.source == "localiser"``).
+        located: whether the localiser found a failing step (``State.localisation.source == "localiser"``).
         source: ``"injected"`` (the drill's first mistake, typed: a failing command by construction, whose
             category the drill declares) or ``"own"``.
 
@@ -187,7 +187,7 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
     try:
         states = [attempt_end_state(a) for a in failed]
         for a, st in zip(failed, states):
-            st.category = category or evidence_label(a, st.category, st.source == "localiser", source)
+            st.category = category or evidence_label(a, st.category, st.localisation.source == "localiser", source)
         recs = await run_attempts(teacher, [a.task_dir for a in failed], states=states,
                                   snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
     finally:
@@ -200,7 +200,7 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
             traj.metadata["failure_category"] = st.category
             failed_step = next((s for s in state.steps if s.action is not None and s.exit_status not in (0, None)), None)
             entry["records"].append(_record(
-                State.from_failure_state(st, state, source), traj, failure_step=len(state.steps) - 1,
+                st.with_source(source), traj, failure_step=len(state.steps) - 1,
                 failed=failed_step, source_policy=label or getattr(policy, "name", source),
                 family=_family(a.task_dir), injection=injection))  # fmt: skip
     if (source == "injected") if in_attempt is None else in_attempt:

@@ -23,8 +23,9 @@ from typing import Any
 
 from reterm.data.config import FailuresConfig
 from reterm.policies import load_policy
-from reterm.recovery import Classifier, FailureState, LLMJudge, localise_many
+from reterm.recovery import Classifier, LLMJudge, localise_many
 from reterm.recovery.attempts import Attempt, attempt_end_state
+from reterm.recovery.state import State
 from reterm.trajectory import Trajectory
 
 
@@ -40,7 +41,7 @@ def make_classifier(cfg: FailuresConfig) -> Classifier:
 class MinedStates:
     """The failure states chosen from the failed rollouts, and how the failed trials fared."""
 
-    states: list[FailureState] = field(default_factory=list)
+    states: list[State] = field(default_factory=list)
     failed_trials: int = 0
     unexplained: int = 0  # failed trials without a failing step (labelled with the task's category)
     duplicates: int = 0

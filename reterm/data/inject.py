@@ -317,5 +317,6 @@ def injected_state(traj: Trajectory, perturbation: Perturbation, task_dir: str |
         return None, f"the perturbed attempt is not a recoverable failed attempt ({why})"
     state = attempt_end_state(Attempt(Path(task_dir), traj))
     state.category, state.command, state.output = primary.category, primary.command, primary.output
-    state.exit_status, state.evidence, state.confidence = primary.exit_status, primary.evidence, primary.confidence
+    state.exit_status, state.evidence = primary.exit_status, primary.evidence
+    state.localisation.confidence = primary.localisation.confidence
     return state, ""

@@ -26,9 +26,8 @@ from reterm.agent.episode import EpisodeSpec, run_episodes
 from reterm.agent.protocol import SYSTEM_PROMPT
 from reterm.data.config import EnvironmentConfig, RecoveryConfig
 from reterm.data.environments import make_environment, stop_quietly
-from reterm.recovery import FailureState
 from reterm.recovery.materialize import materialize
-from reterm.recovery.state import State
+from reterm.recovery.state import State, from_localiser_json
 from reterm.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -38,9 +37,7 @@ logger = logging.getLogger(__name__)
 class WorkItem:
     """A failure state to recover from, with where it came from.
 
-    ``state`` is a :class:`reterm.recovery.state.State` (a localiser's
-    :class:`reterm.recovery.localise.FailureState` is converted at once, its history shown after the kit's
-    system prompt and ``instruction``); ``instruction`` is the instruction the failing episode was shown (the
+    ``state`` is a :class:`reterm.recovery.state.State`; ``instruction`` is the instruction the failing episode was shown (the
     prefix's user message); ``source`` is ``own`` or ``injected`` (the state's :class:`Source`);
     ``default_timeout`` is the command timeout the failing episode used for commands without one (applied on
     replay).
@@ -57,9 +54,6 @@ class WorkItem:
     injection: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.state, FailureState):
-            head = Trajectory(task_id=self.state.task_id, instruction=self.instruction, system_prompt=SYSTEM_PROMPT)
-            self.state = State.from_failure_state(self.state, head, self.source)
         if self.state.source != self.source:
             raise ValueError(f"failure state {self.state.id}: source {self.state.source.value!r}, "
                              f"work item says {self.source!r}")
@@ -71,10 +65,30 @@ class WorkItem:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "WorkItem":
-        return cls(state=State.from_json(data["state"]), instruction=data["instruction"],
+        """The item :meth:`to_json` wrote (its state read by :func:`read_state`: journals written before the
+        localiser made ``State`` objects still load).
+
+        Raises:
+            ValueError: the state's JSON is in neither layout (named, with the state's id).
+        """
+        return cls(state=read_state(data["state"], data["instruction"], data["source"]), instruction=data["instruction"],
                    source=data["source"], source_policy=data["source_policy"],
                    default_timeout=data["default_timeout"], injection=data.get("injection", ""))  # fmt: skip
 
+
+
+def read_state(data: dict[str, Any], instruction: str, source: str) -> State:
+    """A journal's state: :meth:`State.from_json`, or, for the localiser's older layout (journals written before
+    it made ``State`` objects: no ``messages``), :func:`reterm.recovery.state.from_localiser_json` with the
+    history shown after the kit's system prompt and ``instruction`` (what the pipeline converted it with then).
+
+    Raises:
+        ValueError: neither layout (named, with the state's id).
+    """
+    if "messages" not in data and "history_len" in data:
+        head = Trajectory(task_id=data.get("task_id", ""), instruction=instruction, system_prompt=SYSTEM_PROMPT)
+        return from_localiser_json(data, head, source)
+    return State.from_json(data)
 
 async def run_attempts(item: WorkItem, policy: Any, cfg: RecoveryConfig, spec: EnvironmentConfig,
                        task_dir: Path) -> dict[str, Any]:  # fmt: skip

@@ -42,7 +42,7 @@ from reterm.io import write_text_atomic
 from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
-from reterm.recovery.state import Source, State
+from reterm.recovery.state import State
 from reterm.sandbox.snapshot import Snapshot
 from reterm.stats import paired_bootstrap, paired_power, rate
 from reterm.trajectory import Outcome, write_json_atomic
@@ -203,7 +203,7 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
                     continue
                 scored.append(bool(a.trajectory.passed))
                 if a.failed and a.trajectory.steps and len(kept) < n:
-                    kept.append((State.from_failure_state(attempt_end_state(a), a.trajectory, Source.OWN), a))
+                    kept.append((attempt_end_state(a), a))
                 else:
                     release([a])
             _say(f"  {state_model}: {len(kept)}/{n} two-stage failure states from {tried} tasks")
@@ -273,8 +273,7 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
         [(s.category, r.trajectory.passed) for s, r in zip(states, recs) if _scored(r)])
     lines += [json.dumps({"kind": "recovery_injected", "category": s.category, "state_id": s.id,
                           **r.trajectory.model_dump(mode="json")}) for s, r in zip(states, recs)]  # fmt: skip
-    state_items = [State.from_failure_state(s, a.trajectory, "injected").eval_item(r.trajectory)
-                   for a, s, r in zip(failed, states, recs)]  # fmt: skip
+    state_items = [s.with_source("injected").eval_item(r.trajectory) for s, r in zip(states, recs)]
     release(recs)
 
     # Recovery@1 from the state model's own two-stage failure states (shared by every model)
@@ -315,7 +314,7 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
         for i, st, a in zip(alive, sts, nxt):
             lines.append(json.dumps({"kind": f"recovery_own_k{k}", "state_id": st.id,
                                      **a.trajectory.model_dump(mode="json")}))
-            state_items.append(State.from_failure_state(st, current[i].trajectory, "own").eval_item(a.trajectory)
+            state_items.append(st.eval_item(a.trajectory)
                          | {"kind": f"recovery_own_k{k}"})
             current[i] = a
             if a.trajectory.passed:

@@ -41,7 +41,7 @@ from reterm.policies import load_policy
 from reterm.recovery.localise import localise_many
 from reterm.recovery.materialize import materialize
 from reterm.recovery.metrics import attempt_recovery, in_trial_recovery
-from reterm.recovery.state import Source, State
+from reterm.recovery.state import State
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Trajectory
 
@@ -158,8 +158,7 @@ def states_from_jobs(job_dirs: Iterable[str | Path]) -> list[State]:
     """The primary failure state of every failed trial in Harbor job folders (rules-only localisation)."""
 
     failed = [t for d in job_dirs for t in trajectories_from_job(d) if t.outcome is Outcome.FAILURE]
-    return [State.from_failure_state(r.primary, t, Source.OWN) for t, r in zip(failed, localise_many(failed))
-            if r.primary is not None]  # fmt: skip
+    return [r.primary for r in localise_many(failed) if r.primary is not None]
 
 
 def select_states(states: list[Any], max_states: int | None) -> list[Any]:

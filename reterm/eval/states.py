@@ -32,7 +32,6 @@ from reterm.agent.episode import run_episode
 from reterm.io import write_text_atomic
 from reterm.policies.scripted import ScriptedPolicy
 from reterm.recovery.localise import localise
-from reterm.recovery.state import State
 from reterm.trajectory import Outcome
 
 # (task, prefix commands, per-command timeout in seconds); the last command is the mistake.
@@ -76,7 +75,7 @@ async def _state_row(tasks: Path, task: str, commands: list[str], timeout: float
         raise RuntimeError(f"{task}: no failure state at the last command {commands[-1]!r} "
                            f"(observation: {traj.steps[-1].observation[:300]!r})")
     fs = states[0]
-    state = State.from_failure_state(fs, traj, "injected")
+    state = fs.with_source("injected")
     return state.to_record(None, task_license="Apache-2.0", instruction=traj.instruction, failure_step=fs.step,
                            injection=INJECTION, failure_command=fs.command or "", failure_output=fs.output,
                            verifier_reward=float(traj.reward or 0.0), source_policy="prefix")  # fmt: skip

@@ -3,7 +3,8 @@
 - :mod:`.taxonomy` - the stable category ids (``Category``) and their definitions (docs/ERROR_TAXONOMY.md).
 - :mod:`.classify` - rule-based labelling of one step (``StepRecord`` -> ``Classification``).
 - :mod:`.judge` - ``Classifier``: rules first, an optional ``LLMJudge`` through any policy.
-- :mod:`.localise` - ``localise(trajectory)`` -> ``LocalisationResult`` with ``FailureState`` objects.
+- :mod:`.localise` - ``localise(trajectory)`` -> ``LocalisationResult`` with :class:`.state.State` objects.
+- :mod:`.state` - ``State``, the one failure-state type (and its ``Localisation``), ``state_id``.
 - :mod:`.metrics` - per-category recovery rates (in-trial, and attempts from recorded states).
 - :mod:`.classifier_eval` - precision/recall/F1 of the classifier on a labelled set.
 """
@@ -11,7 +12,7 @@
 from reterm.recovery.classifier_eval import ClassificationReport, evaluate, load_labelled
 from reterm.recovery.classify import Classification, StepRecord, classify_step
 from reterm.recovery.judge import Classifier, LLMJudge, parse_judge_answer
-from reterm.recovery.localise import FailureState, InfraTag, LocalisationResult, localise, localise_many, step_records
+from reterm.recovery.localise import InfraTag, LocalisationResult, localise, localise_many, step_records
 from reterm.recovery.metrics import (
     AttemptRecovery,
     CategoryAttempts,
@@ -34,7 +35,6 @@ __all__ = [
     "Classifier",
     "DEFINITIONS",
     "FAILURE_CATEGORIES",
-    "FailureState",
     "InTrialRecovery",
     "InfraTag",
     "LABELS",

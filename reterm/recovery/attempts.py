@@ -9,10 +9,10 @@ one feedback message (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`, versioned;
 tests) carried by the attempt's last step (``step.extra["feedback"]``, rendered by
 :func:`reterm.agent.protocol.step_messages`).
 
-The failure state is one :class:`reterm.recovery.localise.FailureState` with ``level=Level.ATTEMPT``,
-``history`` = the whole attempt (feedback on its last step), ``snapshot_id`` = the local sandbox snapshot;
-its ``category`` is the localiser's (the first consequential failing step), or the task's declared category
-when the localiser finds no failing step (e.g. only parse errors).
+The failure state is one :class:`reterm.recovery.state.State` with ``level=Level.ATTEMPT``,
+``history`` = the whole attempt (feedback on its last step), ``localisation.snapshot_id`` = the local sandbox
+snapshot; its ``category`` is the localiser's (the first consequential failing step), or the task's declared
+category when the localiser finds no failing step (e.g. only parse errors).
 
 Used by the drills data builder (:mod:`reterm.data.drills`), the drills evaluation (:mod:`reterm.eval.drills`) and the
 failure-state pool of ReTerm-GRPO. Runs on the local sandbox (:class:`reterm.sandbox.local.LocalEnvironment`),
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
-from reterm.agent.protocol import FEEDBACK_MESSAGE, SYSTEM_PROMPT
-from reterm.recovery.localise import FailureState, localise
+from reterm.agent.protocol import FEEDBACK_MESSAGE
+from reterm.recovery.localise import localise
 from reterm.recovery.materialize import materialize
-from reterm.recovery.state import Level, Source, State, state_id_of
+from reterm.recovery.state import Level, Localisation, Source, State, history_messages, state_id
 from reterm.recovery.taxonomy import parse_category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -118,8 +118,20 @@ def with_feedback(steps: Sequence[Step], feedback: str = FEEDBACK_MESSAGE) -> li
     return out
 
 
-def attempt_end_state(attempt: Attempt) -> FailureState:
-    """The attempt-level :class:`FailureState` of a failed attempt (``level=Level.ATTEMPT``).
+def attempt_end_state(attempt: Attempt, source: str = Source.OWN) -> State:
+    """The attempt-level :class:`State` of a failed attempt (``level=Level.ATTEMPT``).
+
+    Its history is the whole attempt with the feedback message on the last step, shown after the attempt's
+    system prompt and instruction (so its id is the one the dataset, the GRPO pool and the eval give it);
+    ``step`` is the last step's index; ``category``, ``command``, ``output``, ``exit_status`` and ``evidence``
+    are those of the attempt's first consequential failing step (:func:`reterm.recovery.localise.localise`),
+    else the task's declared category and the last step's. :attr:`State.localisation` holds the label's
+    confidence and source (``localiser``, or ``task`` when no failing step was found), ``primary=True``,
+    ``trial_passed=False``, the rollout id and the kept snapshot's id.
+
+    Args:
+        attempt: a failed attempt.
+        source: the state's :class:`reterm.recovery.state.Source` (``own``; ``injected`` for a scripted mistake).
 
     Raises:
         ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step.
@@ -133,34 +145,26 @@ def attempt_end_state(attempt: Attempt) -> FailureState:
     commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]
     timeouts = [s.action.timeout for s in history if s.action is not None and s.action.tool == "bash"]
     last = history[-1]
-    sid = state_id_of(traj, history)
-    return FailureState(
-        id=sid, task_id=traj.task_id, origin_id=str(traj.metadata.get("rollout_id", "")),
-        step=len(history) - 1, category=category, confidence=primary.confidence if primary else 0.5,
-        source="localiser" if primary else "task", evidence=primary.evidence if primary else "",
-        command=primary.command if primary else last.command, output=primary.output if primary else last.observation,
-        exit_status=primary.exit_status if primary else last.exit_status,
-        history=history, history_len=len(history), replay_commands=commands, replay_timeouts=timeouts,
-        snapshot_id=attempt.snapshot.id if attempt.snapshot is not None else None,
-        trial_passed=False, primary=True, level=Level.ATTEMPT,
+    messages = history_messages(traj, history)
+    loc = Localisation(confidence=primary.localisation.confidence if primary else 0.5,
+                       source="localiser" if primary else "task", trial_passed=False, primary=True,
+                       origin_id=str(traj.metadata.get("rollout_id", "")),
+                       snapshot_id=attempt.snapshot.id if attempt.snapshot is not None else None)  # fmt: skip
+    return State(
+        id=state_id(traj.task_id, messages), task_id=traj.task_id, messages=messages, category=category,
+        source=source, level=Level.ATTEMPT, history=history, replay_commands=commands, replay_timeouts=timeouts,
+        step=len(history) - 1, command=(primary.command if primary else last.command) or "",
+        output=(primary.output if primary else last.observation) or "",
+        exit_status=primary.exit_status if primary else last.exit_status, evidence=primary.evidence if primary else "",
+        localisation=loc,
     )  # fmt: skip
 
 
-def as_state(state: FailureState | State, task_dir: Path, source: str = Source.OWN) -> State:
-    """``state`` as a :class:`State` (a localiser's ``FailureState`` converted, its history shown after the kit's
-    system prompt and the task's instruction, as :func:`run_attempts` shows it)."""
-    if isinstance(state, State):
-        return state
-    task = load_task(task_dir)
-    head = Trajectory(task_id=state.task_id, instruction=task.instruction, system_prompt=SYSTEM_PROMPT)
-    return State.from_failure_state(state, head, source)
-
-
-async def _start(task_dir: Path, state: FailureState | State | None = None, snapshot: Any = None) -> Any:
+async def _start(task_dir: Path, state: State | None = None, snapshot: Any = None) -> Any:
     from reterm.sandbox.local import LocalEnvironment
 
     if snapshot is not None:  # the state's snapshot, forked (the one rebuild: reterm.recovery.materialize)
-        made = await materialize(as_state(state, task_dir), 1, None, method="snapshot", snapshot=snapshot)
+        made = await materialize(state, 1, None, method="snapshot", snapshot=snapshot)
         return made.environments[0]
     env = LocalEnvironment.for_task(task_dir)
     await env.start(force_build=False)
@@ -171,7 +175,7 @@ async def run_attempts(
     policy: Any,
     task_dirs: Sequence[str | Path],
     *,
-    states: Sequence[FailureState | State | None] | None = None,
+    states: Sequence[State | None] | None = None,
     snapshots: Sequence[Any] | None = None,
     max_turns: int = 4,
     command_timeout_s: float = 15.0,

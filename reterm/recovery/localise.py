@@ -1,10 +1,14 @@
 """Failure localisation: the failure states of a trajectory, ready to fork recovery attempts from.
 
 :func:`localise` reads a :class:`~reterm.trajectory.Trajectory`, labels every step with the classifier
-(rules, plus the optional LLM judge), and returns a :class:`LocalisationResult` holding the
-:class:`FailureState` objects: the failing step, its category and evidence, the history up to it
-(``Trajectory.prefix``) and how to rebuild its environment (``snapshot_id`` filled by callers that
-snapshot a live sandbox, ``replay_commands`` otherwise).
+(rules, plus the optional LLM judge), and returns a :class:`LocalisationResult` holding the failure
+states, as :class:`reterm.recovery.state.State` objects (the kit's one failure-state type; source ``own``,
+:meth:`State.with_source` relabels one): the history up to the failing step (``Trajectory.prefix``) shown
+after the trajectory's system prompt and instruction, its content-derived id, the failing step (``step``,
+``command``, ``output``, ``exit_status``, ``evidence``), its category, how to rebuild its environment
+(``replay_commands``), and what else the localiser found in :attr:`State.localisation`
+(:class:`reterm.recovery.state.Localisation`: confidence, labelling source and rule, signals,
+``resolved_by``, ``repeats``, ``consequential``, ``primary``, ``trial_passed``, ``origin_id``).
 
 Rules (docs/ERROR_TAXONOMY.md, "Localisation", has the rationale):
 
@@ -14,13 +18,13 @@ Rules (docs/ERROR_TAXONOMY.md, "Localisation", has the rationale):
   / ``rm`` of the file it wrote, ``pip uninstall`` of what it installed, ``git revert``/``reset`` of its
   commit): category from what was undone, low confidence.
 - **Repeats** of the same failure (same category, a near-identical command) are merged into the first
-  occurrence (``repeats``); they are one failure state, not several.
+  occurrence (``localisation.repeats``); they are one failure state, not several.
 - **Resolved** failures: a later near-identical command (same program, similar text) succeeds;
-  ``resolved_by`` holds its index and the state is not ``consequential``.
+  ``localisation.resolved_by`` holds its index and the state is not ``consequential``.
 - **Premature completion.** A failed trial that ended in ``submit`` with no unresolved failure before
   it gets a ``premature_completion`` state at the submit step; its history stops *before* the submit
   (a recovery must continue the work instead of submitting).
-- **The** failure state (``primary``): the first consequential (unresolved) failure; if every failure
+- **The** failure state (``localisation.primary``): the first consequential (unresolved) failure; if every failure
   was resolved, the first failure. The pipeline forks recovery attempts there by default (ReTerm
   recovers from the first consequential error; later errors are often its consequences), and may
   choose every consequential state instead (:meth:`LocalisationResult.select`).
@@ -42,12 +46,12 @@ import difflib
 import re
 from typing import Iterable, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, InstanceOf
 
 from reterm.recovery import shell
 from reterm.recovery.classify import Classification, StepRecord, running_program
 from reterm.recovery.judge import Classifier
-from reterm.recovery.state import Level, state_id_of
+from reterm.recovery.state import Level, Localisation, Source, State, history_messages, state_id
 from reterm.recovery.taxonomy import Category
 from reterm.trajectory import Outcome, Step, Trajectory
 
@@ -56,71 +60,6 @@ SelectMode = Literal["first", "consequential", "all"]
 _CODE_SUFFIX = re.compile(
     r"\.(py|c|cc|cpp|h|hpp|rs|go|js|ts|tsx|java|rb|php|sh|pl|lua|kt|swift|scala|sql|r|jl|cs|zig|ml|hs|ex|exs)$", re.I
 )
-
-
-class FailureState(BaseModel):
-    """A point in a trajectory where something went wrong, with what is needed to start a recovery there.
-
-    Attributes:
-        id: the content-derived state id (:func:`reterm.recovery.state.state_id` of the task and the
-            history's messages): dedup and resume key, the same in the dataset, GRPO and the eval.
-        task_id, origin_id: where it came from (``origin_id``: the trajectory's ``metadata["rollout_id"]``
-            or ``metadata["id"]``, else "").
-        step: index in ``Trajectory.steps`` of the failing step (0-based).
-        category: a failure category id of :class:`~reterm.recovery.taxonomy.Category`.
-        confidence, source, rule, evidence: how it was labelled (``source``: rules | judge | localiser)
-            and the matched text.
-        signals: every reason this step counts (``exit_status=1``, ``pattern:<rule>``, ``timed_out``,
-            ``undone_by:7``, ``repeated_at:5``, ``verifier_failed``...).
-        command, output, exit_status: the failing step's command, observation and ``$?``.
-        history: copies of the steps a recovery starts after (``Trajectory.prefix(history_len)``, each
-            ``from_history=True``): up to and including the failing step, except for premature
-            completion, where the submit step is left out.
-        history_len: ``len(history)``.
-        replay_commands: the bash commands of ``history`` in order (rebuild the state by replay on any
-            environment); ``replay_timeouts``: their ``timeout`` arguments (``None``: harness default);
-            a replay must apply them, since a hanging command hangs again.
-        snapshot_id: a sandbox snapshot of the state, set by callers that snapshot (local sandbox).
-        resolved_by: index of a later step where the same command succeeded, else ``None``.
-        repeats: later steps with the same failure, merged into this state.
-        consequential: not resolved later in the trajectory.
-        primary: the failure state of this trajectory (see module docstring).
-        trial_passed: the verifier's verdict on the trajectory (``None`` when unscored).
-        level: a :class:`reterm.recovery.state.Level` (the one spelling): ``attempt`` (the release's protocol:
-            the files a whole failed attempt left, recovered by a second attempt after a feedback message;
-            :mod:`reterm.recovery.attempts`) or ``in_attempt`` (the recovery continues the same attempt after
-            its failing step). The older words ``attempt_end`` / ``first_failing_step`` are read as these.
-    """
-
-    id: str
-    task_id: str
-    origin_id: str = ""
-    step: int
-    category: str
-    confidence: float
-    source: str = "rules"
-    rule: str = ""
-    evidence: str = ""
-    signals: list[str] = Field(default_factory=list)
-    command: str | None = None
-    output: str = ""
-    exit_status: int | None = None
-    history: list[Step] = Field(default_factory=list)
-    history_len: int = 0
-    replay_commands: list[str] = Field(default_factory=list)
-    replay_timeouts: list[float | None] = Field(default_factory=list)
-    snapshot_id: str | None = None
-    resolved_by: int | None = None
-    repeats: list[int] = Field(default_factory=list)
-    consequential: bool = True
-    primary: bool = False
-    trial_passed: bool | None = None
-    level: Level = Level.IN_ATTEMPT
-
-    @field_validator("level", mode="before")
-    @classmethod
-    def _level(cls, value: object) -> Level:
-        return Level.parse(value)
 
 
 class InfraTag(BaseModel):
@@ -133,7 +72,8 @@ class InfraTag(BaseModel):
 class LocalisationResult(BaseModel):
     """Everything :func:`localise` found in one trajectory.
 
-    ``states`` are in step order; ``step_labels`` holds the classifier's label id of every step ("" for
+    ``states`` are :class:`reterm.recovery.state.State` objects (source ``own``, level ``in_attempt``, each with
+    its :class:`reterm.recovery.state.Localisation`) in step order; ``step_labels`` holds the classifier's label id of every step ("" for
     history steps that were not examined). ``infra_fault`` is True when the trajectory's outcome is an
     infrastructure fault (then ``states`` is empty). ``unexplained`` is True for a failed trial in which
     no failure state was found (no error, no submit: e.g. out of turns while making progress).
@@ -148,20 +88,20 @@ class LocalisationResult(BaseModel):
     infra_steps: list[InfraTag] = Field(default_factory=list)
     parse_error_steps: list[int] = Field(default_factory=list)
     step_labels: list[str] = Field(default_factory=list)
-    states: list[FailureState] = Field(default_factory=list)
+    states: list[InstanceOf[State]] = Field(default_factory=list)
     unexplained: bool = False
 
     @property
-    def primary(self) -> FailureState | None:
+    def primary(self) -> State | None:
         """The failure state (first consequential, else first), or ``None``."""
-        return next((s for s in self.states if s.primary), None)
+        return next((s for s in self.states if s.localisation.primary), None)
 
     @property
     def scored(self) -> bool:
         """True when the trial counts as an agent success or failure (not infra, not pending)."""
         return self.outcome in (Outcome.SUCCESS, Outcome.FAILURE)
 
-    def select(self, mode: SelectMode = "first", max_states: int | None = None) -> list[FailureState]:
+    def select(self, mode: SelectMode = "first", max_states: int | None = None) -> list[State]:
         """The states to fork recovery attempts from.
 
         ``"first"``: the primary state only; ``"consequential"``: every unresolved state, in step order;
@@ -169,9 +109,9 @@ class LocalisationResult(BaseModel):
         Raises ``ValueError`` for an unknown mode.
         """
         if mode == "first":
-            chosen = [s for s in self.states if s.primary]
+            chosen = [s for s in self.states if s.localisation.primary]
         elif mode == "consequential":
-            chosen = [s for s in self.states if s.consequential]
+            chosen = [s for s in self.states if s.localisation.consequential]
         elif mode == "all":
             chosen = list(self.states)
         else:
@@ -309,32 +249,31 @@ def _undone_steps(trajectory: Trajectory, labels: list[Classification], start: i
 
 # ---------------------------------------------------------------------------------- localise
 def _make_state(trajectory: Trajectory, step: int, history_len: int, category: str, label: Classification | None,
-                signals: list[str], *, confidence: float, source: str, rule: str, evidence: str) -> FailureState:
+                signals: list[str], *, confidence: float, source: str, rule: str, evidence: str) -> State:
+    """The in-attempt :class:`State` whose history is ``trajectory.prefix(history_len)``, failing at ``step``."""
     history = trajectory.prefix(history_len)
     replay = [s.command for s in history if s.command]
     timeouts = [s.action.timeout if s.action else None for s in history if s.command]
-    tid = _origin_id(trajectory)
+    messages = history_messages(trajectory, history)
     s = trajectory.steps[step]
     verdict = trajectory.passed if trajectory.outcome in (Outcome.SUCCESS, Outcome.FAILURE) else None
-    return FailureState(
-        id=state_id_of(trajectory, history),
+    return State(
+        id=state_id(trajectory.task_id, messages),
         task_id=trajectory.task_id,
-        origin_id=tid,
-        step=step,
+        messages=messages,
         category=category,
-        confidence=confidence,
-        source=source,
-        rule=rule,
-        evidence=evidence,
-        signals=signals,
-        command=s.command,
-        output=s.observation,
-        exit_status=s.exit_status,
+        source=Source.OWN,
+        level=Level.IN_ATTEMPT,
         history=history,
-        history_len=history_len,
         replay_commands=replay,
         replay_timeouts=timeouts,
-        trial_passed=verdict,
+        step=step,
+        command=s.command or "",
+        output=s.observation or "",
+        exit_status=s.exit_status,
+        evidence=evidence,
+        localisation=Localisation(confidence=confidence, source=source, rule=rule, signals=signals,
+                                  trial_passed=verdict, origin_id=_origin_id(trajectory)),
     )
 
 
@@ -368,17 +307,17 @@ def _localise_one(trajectory: Trajectory, labels: list[Classification], include_
     stop = min([t.step for t in result.infra_steps if t.step >= start], default=len(steps))
 
     # 1. steps the classifier calls failures (submit handled below), merging repeats
-    states: list[FailureState] = []
+    states: list[State] = []
     for i in range(start, stop):
         lab = labels[i]
         if not lab.is_failure or lab.label is Category.PREMATURE_COMPLETION or steps[i].action is None:
             continue
         first = next((s for s in states if s.category == lab.label.value
-                      and (s.resolved_by is None or i < s.resolved_by)
+                      and (s.localisation.resolved_by is None or i < s.localisation.resolved_by)
                       and _similar(s.command, steps[i].command, 0.8)), None)
         if first is not None:
-            first.repeats.append(i)
-            first.signals.append(f"repeated_at:{i}")
+            first.localisation.repeats.append(i)
+            first.localisation.signals.append(f"repeated_at:{i}")
             continue
         states.append(_make_state(trajectory, i, i + 1, lab.label.value, lab, _signals(steps[i], lab),
                                   confidence=lab.confidence, source=lab.source, rule=lab.rule, evidence=lab.evidence))
@@ -386,9 +325,9 @@ def _localise_one(trajectory: Trajectory, labels: list[Classification], include_
         for j in range(i + 1, len(steps)):
             if (labels[j].label is Category.NONE and steps[j].exit_status in (0, None) and not steps[j].timed_out
                     and _similar(steps[i].command, steps[j].command, 0.6)):
-                states[-1].resolved_by = j
-                states[-1].consequential = False
-                states[-1].signals.append(f"resolved_by:{j}")
+                found = states[-1].localisation
+                found.resolved_by, found.consequential = j, False
+                found.signals.append(f"resolved_by:{j}")
                 break
 
     # 2. steps without an error that a later step undoes
@@ -401,15 +340,15 @@ def _localise_one(trajectory: Trajectory, labels: list[Classification], include_
     last = len(steps) - 1
     if (trajectory.outcome is Outcome.FAILURE and steps and last < stop and last >= start
             and steps[last].action is not None and steps[last].action.tool == "submit"
-            and not any(s.consequential for s in states)):
+            and not any(s.localisation.consequential for s in states)):
         lab = labels[last]
         states.append(_make_state(trajectory, last, last, Category.PREMATURE_COMPLETION.value, lab,
                                   ["submit", "verifier_failed"], confidence=0.9, source="localiser",
                                   rule="submitted_but_failed", evidence=f"submit; verifier reward {trajectory.reward}"))
 
-    primary = next((s for s in states if s.consequential), states[0] if states else None)
+    primary = next((s for s in states if s.localisation.consequential), states[0] if states else None)
     if primary is not None:
-        primary.primary = True
+        primary.localisation.primary = True
     result.states = states
     result.unexplained = trajectory.outcome is Outcome.FAILURE and not states
     return result
@@ -442,6 +381,7 @@ def localise(trajectory: Trajectory, classifier: Classifier | None = None, *,
         include_history: also search the steps copied from a given history (``steps[:prefix_len]``).
 
     Returns:
-        A :class:`LocalisationResult`; its ``states`` are empty for infrastructure faults.
+        A :class:`LocalisationResult`; its ``states`` (:class:`reterm.recovery.state.State`, source ``own``,
+        level ``in_attempt``) are empty for infrastructure faults.
     """
     return localise_many([trajectory], classifier, include_history=include_history)[0]

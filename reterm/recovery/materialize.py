@@ -263,8 +263,7 @@ async def materialize(
         Exception: faults of the environment while rebuilding (infrastructure faults), after clean-up.
     """
     if not isinstance(state, State):
-        raise TypeError(f"materialize: expected a reterm.recovery.state.State, got {type(state).__name__} "
-                        "(a localiser's FailureState converts with State.from_failure_state)")
+        raise TypeError(f"materialize: expected a reterm.recovery.state.State, got {type(state).__name__}")
     if n < 1:
         raise ValueError(f"materialize: n must be >= 1, got {n}")
     if method not in METHODS:

@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from reterm.recovery.localise import FailureState, LocalisationResult, SelectMode, localise_many
+from reterm.recovery.localise import LocalisationResult, SelectMode, localise_many
 from reterm.recovery.state import State
 from reterm.recovery.taxonomy import FAILURE_CATEGORIES, parse_category
 from reterm.trajectory import Outcome, Trajectory
@@ -171,7 +171,7 @@ def in_trial_recovery(items: Iterable[Trajectory | LocalisationResult], *, scope
 class RecoveryAttempt:
     """One recovery attempt started from a recorded failure state, as the metrics need it.
 
-    ``state_id`` (:attr:`FailureState.id`) groups attempts of the same state; ``category`` is the state's
+    ``state_id`` (:attr:`reterm.recovery.state.State.id`) groups attempts of the same state; ``category`` is the state's
     category id; ``outcome`` the attempt's trial outcome (infra faults are excluded from rates).
     """
 
@@ -180,7 +180,7 @@ class RecoveryAttempt:
     outcome: Outcome
 
     @classmethod
-    def from_trajectory(cls, state: State | FailureState, attempt: Trajectory) -> "RecoveryAttempt":
+    def from_trajectory(cls, state: State, attempt: Trajectory) -> "RecoveryAttempt":
         """From the failure state an attempt started at and the attempt's trajectory."""
         return cls(state_id=state.id, category=state.category, outcome=attempt.outcome)
 
@@ -264,7 +264,7 @@ class AttemptRecovery:
                                "success rate", "infra faults (excluded)"], rows)
 
 
-def attempt_recovery(attempts: Iterable[RecoveryAttempt | tuple[State | FailureState, Trajectory]]) -> AttemptRecovery:
+def attempt_recovery(attempts: Iterable[RecoveryAttempt | tuple[State, Trajectory]]) -> AttemptRecovery:
     """Per-category recovery from recorded failure states.
 
     Args:

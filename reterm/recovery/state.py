@@ -20,6 +20,12 @@ attempt, then the feedback message; the recovery is a second attempt, ``target_a
 **Source** (:class:`Source`): ``own`` (the policy's own failed attempt), ``injected`` (a scripted first mistake)
 or ``online`` (found in the current policy's recovery attempts during GRPO).
 
+**Localisation** (:class:`Localisation`): what the localiser (:func:`reterm.recovery.localise.localise`) knows
+about a state beyond its history and failing step (labelling confidence, source, rule and signals; resolution,
+repeats, which state is the trajectory's primary one; the trial's verdict; the rollout and snapshot ids). The
+localiser and :func:`reterm.recovery.attempts.attempt_end_state` fill :attr:`State.localisation`; a state read
+from a record or a pool prompt has none.
+
 **Records**: :meth:`State.to_record` is the one writer of a dataset record (``State`` -> columns; the data
 stage, the drills data, the evaluation's state set) and :meth:`State.from_record` the one reader (columns ->
 ``State``; the history is ``messages[:train_from_message_index]`` whatever the level, so a record read back
@@ -33,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -162,6 +168,40 @@ def state_id_of(trajectory: Trajectory, history: Sequence[Step] | None = None) -
 
 
 @dataclass
+class Localisation:
+    """What the localiser found about a failure state, beyond :class:`State`'s fields (see the module docstring).
+
+    Attributes:
+        confidence: the label's confidence, 0 to 1.
+        source: who labelled the failing step: ``rules`` | ``judge`` | ``localiser`` (a localiser rule: undone
+            step, premature completion, or the attempt-level state's category from its first failing step) |
+            ``task`` (no failing step found: the task's declared category). Not the state's :class:`Source`.
+        rule: the rule that matched.
+        signals: every reason the step counts (``exit_status=1``, ``pattern:<rule>``, ``timed_out``,
+            ``undone_by:7``, ``repeated_at:5``, ``resolved_by:4``, ``verifier_failed``...).
+        resolved_by: index of a later step where the same command succeeded, else ``None``.
+        repeats: later steps with the same failure, merged into this state.
+        consequential: not resolved later in the trajectory.
+        primary: the failure state of its trajectory (first consequential, else first).
+        trial_passed: the verifier's verdict on the trajectory (``None`` when unscored).
+        origin_id: the trajectory's ``metadata["rollout_id"]`` or ``metadata["id"]`` ("" when neither).
+        snapshot_id: id of a local-sandbox snapshot of the state (attempt-level states with a kept snapshot).
+    """
+
+    confidence: float = 0.0
+    source: str = "rules"
+    rule: str = ""
+    signals: list[str] = field(default_factory=list)
+    resolved_by: int | None = None
+    repeats: list[int] = field(default_factory=list)
+    consequential: bool = True
+    primary: bool = False
+    trial_passed: bool | None = None
+    origin_id: str = ""
+    snapshot_id: str | None = None
+
+
+@dataclass
 class State:
     """One failure state (see the module docstring).
 
@@ -180,7 +220,9 @@ class State:
         step, command, output, exit_status, evidence: the failing step the state is labelled by (index in
             the failed attempt's steps, its command, observation, ``$?`` and the matched text; ``-1`` and
             empty when unknown, e.g. read from a record): what a teacher's diagnosis and the record's
-            ``failure_*`` columns name.
+            ``failure_*`` columns name. For an in-attempt state made by the localiser the failing step is
+            ``history[-1]`` (except premature completion, whose submit step is left out of the history).
+        localisation: what the localiser found (:class:`Localisation`); ``None`` for a state it did not make.
     """
 
     id: str
@@ -198,6 +240,7 @@ class State:
     output: str = ""
     exit_status: int | None = None
     evidence: str = ""
+    localisation: Localisation | None = None
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -221,17 +264,16 @@ class State:
                    replay_commands=[s.action.command or "" for s in bash], replay_timeouts=[s.action.timeout for s in bash],
                    snapshot=snapshot)  # fmt: skip
 
-    @classmethod
-    def from_failure_state(cls, fs: Any, trajectory: Trajectory, source: str, snapshot: Any = None) -> "State":
-        """From a localised :class:`reterm.recovery.localise.FailureState` of ``trajectory`` (the localiser's
-        output, converted here before it leaves the stage that localised it)."""
-        messages = history_messages(trajectory, fs.history)
-        return cls(id=state_id(trajectory.task_id, messages), task_id=trajectory.task_id, messages=messages,
-                   category=fs.category, source=source, level=Level.parse(fs.level),
-                   history=[s.model_copy(deep=True) for s in fs.history],
-                   replay_commands=list(fs.replay_commands), replay_timeouts=list(fs.replay_timeouts),
-                   snapshot=snapshot, step=fs.step, command=fs.command or "", output=fs.output or "",
-                   exit_status=fs.exit_status, evidence=fs.evidence or "")  # fmt: skip
+    def with_source(self, source: str, snapshot: Any = None) -> "State":
+        """A copy of this state with another :class:`Source` (and ``snapshot``, when given): the localiser
+        labels its states ``own``; a scripted mistake's state is ``injected``.
+
+        Raises:
+            ValueError: ``source`` is not a :class:`Source` value.
+        """
+        return replace(self, source=source, snapshot=self.snapshot if snapshot is None else snapshot,
+                       messages=list(self.messages), history=[s.model_copy(deep=True) for s in self.history],
+                       localisation=Localisation(**asdict(self.localisation)) if self.localisation else None)  # fmt: skip
 
     # ------------------------------------------------------------------ JSON (journals, checkpoints)
     def to_json(self) -> dict[str, Any]:
@@ -241,17 +283,26 @@ class State:
                 "history": [s.model_dump(mode="json") for s in self.history],
                 "replay_commands": list(self.replay_commands), "replay_timeouts": list(self.replay_timeouts),
                 "step": self.step, "command": self.command, "output": self.output,
-                "exit_status": self.exit_status, "evidence": self.evidence}  # fmt: skip
+                "exit_status": self.exit_status, "evidence": self.evidence,
+                "localisation": asdict(self.localisation) if self.localisation is not None else None}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "State":
-        """The state :meth:`to_json` wrote.
+        """The state :meth:`to_json` wrote (``localisation`` may be absent: JSON written before it existed).
 
         Raises:
-            ValueError: a missing or wrong field (named, with the state's id).
+            ValueError: a missing or wrong field (named, with the state's id); the older layout of the
+                localiser's own state type (no ``messages``, a ``history_len``: journals written before the
+                localiser made :class:`State` objects; read those with :func:`from_localiser_json`).
         """
+        if "messages" not in data and "history_len" in data:
+            raise ValueError(f"failure state {data.get('id', '?')}: written in the localiser's older layout (no "
+                             "'messages'); it needs the trajectory's system prompt and instruction "
+                             "(reterm.recovery.state.from_localiser_json)")
         try:
-            return cls(**{**data, "history": [Step.model_validate(s) for s in data.get("history", [])]})
+            loc = data.get("localisation")
+            return cls(**{**data, "history": [Step.model_validate(s) for s in data.get("history", [])],
+                          "localisation": Localisation(**loc) if loc is not None else None})  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise ValueError(f"failure state {data.get('id', '?')}: not a state's JSON ({exc})") from exc
 
@@ -364,3 +415,41 @@ class State:
         return {"state_id": self.id, "task_id": self.task_id, "category": self.category, "source": self.source.value,
                 "level": self.level.value, "outcome": attempt.outcome.value,
                 "passed": bool(attempt.passed) if scored else None}
+
+
+#: the localiser's fields of the older layout (before it made State objects) kept in :class:`Localisation`
+_LOCALISATION_FIELDS = ("confidence", "source", "rule", "signals", "resolved_by", "repeats", "consequential",
+                        "primary", "trial_passed", "origin_id", "snapshot_id")
+
+
+def from_localiser_json(data: dict[str, Any], trajectory: Trajectory, source: str) -> State:
+    """A state from the JSON of the localiser's older state type (journals written before the localiser made
+    :class:`State` objects: ``id, task_id, origin_id, step, category, confidence, source`` (the labelling
+    source), ``rule, evidence, signals, command, output, exit_status, history, history_len, replay_commands,
+    replay_timeouts, snapshot_id, resolved_by, repeats, consequential, primary, trial_passed, level``).
+
+    Args:
+        data: that JSON.
+        trajectory: gives the system prompt and instruction the history is shown after (only those are read).
+        source: the state's :class:`Source` (the older layout did not hold it).
+
+    Returns:
+        The :class:`State`; its id is recomputed from ``trajectory`` and the history (the same id when the
+        trajectory is the one that was localised).
+
+    Raises:
+        ValueError: a missing or wrong field (named, with the state's id).
+    """
+    try:
+        history = [Step.model_validate(s) for s in data.get("history", [])]
+        messages = history_messages(trajectory, history)
+        loc = Localisation(**{k: data[k] for k in _LOCALISATION_FIELDS if k in data})
+        return State(id=state_id(data["task_id"], messages), task_id=data["task_id"], messages=messages,
+                     category=data["category"], source=source, level=Level.parse(data.get("level", "in_attempt")),
+                     history=history, replay_commands=list(data.get("replay_commands", [])),
+                     replay_timeouts=list(data.get("replay_timeouts", [])), step=int(data.get("step", -1)),
+                     command=data.get("command") or "", output=data.get("output") or "",
+                     exit_status=data.get("exit_status"), evidence=data.get("evidence") or "",
+                     localisation=loc)  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"failure state {data.get('id', '?')}: not the localiser's older JSON ({exc})") from exc

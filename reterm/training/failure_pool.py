@@ -1,8 +1,9 @@
 """The failure-state pool of ReTerm-GRPO: where each group of recovery attempts starts.
 
-A *failure state* (:class:`PoolState`) is a point where the agent failed: its history up to and including
-the failing step (the group's prompt, in the training message format of :mod:`reterm.agent.protocol`),
-the task, and the error category. The pool holds two kinds:
+A pool entry (:class:`PoolState`) is a failure state (:class:`reterm.recovery.state.State`: a point where the
+agent failed, its history up to and including the failing step being the group's prompt, in the training
+message format of :mod:`reterm.agent.protocol`; the task; the error category) plus the pool's own fields
+(task folder, origin, parent, step created). The pool holds two kinds:
 
 - **seed states**, from the SFT dataset (ReTerm-10K records, :mod:`reterm.records`): the prefix
   ``messages[:train_from_message_index]``; they are also the rows of the dataset TRL's sampler draws from;
@@ -77,58 +78,101 @@ def excluded_task_ids() -> set[str]:
 
 @dataclass
 class PoolState:
-    """One failure state (or task start), everything a group needs to start there.
+    """One pool entry: a failure state (or task start) plus what the pool keeps beside it.
+
+    Build one from a prompt with :meth:`from_prompt` (the state is derived from it), or from a
+    :class:`reterm.recovery.state.State` directly.
 
     Attributes:
-        state_id: the failure state's id (:func:`reterm.recovery.state.state_id` of the task and ``prompt``; the
-            same id the dataset record and the eval give the state); ``start:<task_id>`` for a task start.
-        task_id: the task's name; ``task_dir`` its folder on this machine.
-        prompt: the chat messages of the history (``[system, user(instruction), assistant, tool, ...]``,
-            tool-call arguments as mappings), ending with the failing step's observation.
-        category: the failure category (:class:`reterm.recovery.Category` id; ``""`` for a task start).
+        state: the failure state (:class:`reterm.recovery.state.State`: id, history, category,
+            :class:`reterm.recovery.state.Source`, level). Its id is the one the dataset record and the eval
+            give the state (:func:`reterm.recovery.state.state_id` of the task and ``prompt``);
+            ``start:<task_id>`` for a task start.
+        task_dir: the task's folder on this machine.
         source: the pool's own notion of where the entry came from: ``seed`` (the dataset) | ``online`` |
-            ``task_start``; :attr:`state` carries the :class:`reterm.recovery.state.Source`.
-        failure_source: for a seed, its record's ``failure_source`` (``own`` | ``injected``).
+            ``task_start``; :attr:`state_source` is the state's :class:`reterm.recovery.state.Source`.
         parent_id: for an online state, the state its attempt started from (its snapshot, when cached,
             is the cheapest start for rebuilding this one).
         created_step: optimiser step at which an online state was found (``-1`` for others).
+
+    Read-only views of :attr:`state`: ``state_id``, ``task_id``, ``prompt`` (the history's chat messages,
+    ``[system, user(instruction), assistant, tool, ...]``, tool-call arguments as mappings, ending with the
+    failing step's observation or the feedback message), ``category`` (``""`` for a task start).
     """
 
-    state_id: str
-    task_id: str
+    state: State
     task_dir: str
-    prompt: list[dict[str, Any]]
-    category: str = ""
     source: str = "seed"
     parent_id: str = ""
     created_step: int = -1
-    failure_source: str = "own"
+
+    @classmethod
+    def from_prompt(cls, state_id: str, task_id: str, task_dir: str, prompt: list[dict[str, Any]],
+                    category: str = "", source: str = "seed", parent_id: str = "", created_step: int = -1,
+                    failure_source: str = "own") -> "PoolState":  # fmt: skip
+        """The entry whose state's history is ``prompt`` (attempt-level when it ends with the feedback message).
+
+        Args:
+            state_id: the state's id (kept as given: the caller computed it, e.g. ``state_id(task_id, prompt)``).
+            task_id, task_dir, prompt: see the class attributes.
+            category: a :class:`reterm.recovery.Category` id; empty: ``other`` (``""`` kept for a task start).
+            source, parent_id, created_step: the pool fields.
+            failure_source: for a seed, its record's ``failure_source`` (``own`` | ``injected``); the state's
+                source is ``online`` / ``task_start`` for those pool origins.
+
+        Raises:
+            ValueError: ``source`` or ``failure_source`` is not a known value.
+        """
+        if source not in SOURCES:
+            raise ValueError(f"pool state {state_id}: source {source!r} is not one of {SOURCES}")
+        state_source = {"online": Source.ONLINE, "task_start": Source.TASK_START}.get(source, failure_source)
+        last = prompt[-1] if len(prompt) > 2 else {}
+        level = Level.ATTEMPT if str(last.get("content") or "").strip() == FEEDBACK_MESSAGE else Level.IN_ATTEMPT
+        try:
+            history = _parse(prompt, task_id).steps
+        except ValueError:  # not a layout the harness shows: _check_prompt names it
+            history = []
+        bash = [s for s in history if s.command is not None]
+        state = State(id=state_id, task_id=task_id, messages=prompt,
+                      category=category or ("" if source == "task_start" else "other"), source=state_source,
+                      level=level, history=history, replay_commands=[s.command or "" for s in bash],
+                      replay_timeouts=[s.action.timeout if s.action else None for s in bash])  # fmt: skip
+        return cls(state=state, task_dir=str(task_dir), source=source, parent_id=parent_id, created_step=created_step)
+
+    # ------------------------------------------------------------------ views of the state
+    @property
+    def state_id(self) -> str:
+        """The state's id (:attr:`reterm.recovery.state.State.id`)."""
+        return self.state.id
+
+    @property
+    def task_id(self) -> str:
+        """The task's name."""
+        return self.state.task_id
+
+    @property
+    def prompt(self) -> list[dict[str, Any]]:
+        """The history's chat messages (the group's prompt)."""
+        return self.state.messages
+
+    @property
+    def category(self) -> str:
+        """The state's failure category (``""`` for a task start)."""
+        return self.state.category
 
     @property
     def state_source(self) -> Source:
         """The entry's :class:`reterm.recovery.state.Source` (``online``, ``task_start``, else the seed record's)."""
-        return Source({"online": Source.ONLINE, "task_start": Source.TASK_START}.get(self.source, self.failure_source))
-
-    @cached_property
-    def state(self) -> State:
-        """This entry's failure state (:class:`reterm.recovery.state.State`: id, history, category, source,
-        level; attempt-level when the prompt ends with the feedback message). The pool fields (task folder,
-        parent, step created) stay on this entry."""
-        source = self.state_source
-        last = self.prompt[-1] if len(self.prompt) > 2 else {}
-        level = Level.ATTEMPT if str(last.get("content") or "").strip() == FEEDBACK_MESSAGE else Level.IN_ATTEMPT
-        bash = [s for s in self.history if s.command is not None]
-        return State(id=self.state_id, task_id=self.task_id, messages=self.prompt, category=self.category or "other",
-                     source=source, level=level, history=self.history, replay_commands=[s.command or "" for s in bash],
-                     replay_timeouts=[s.action.timeout if s.action else None for s in bash])  # fmt: skip
+        return self.state.source
 
     @cached_property
     def trajectory(self) -> Trajectory:
-        """The history as a trajectory (steps with ``from_history``; exit statuses read from observations)."""
-        traj = from_messages(self.prompt, task_id=self.task_id)
-        for s in traj.steps:
-            s.from_history = True
-        return traj
+        """The history as a trajectory (steps with ``from_history``; exit statuses read from observations).
+
+        Raises:
+            ValueError: the prompt is not a layout the harness shows.
+        """
+        return _parse(self.prompt, self.task_id)
 
     @property
     def history(self) -> list[Step]:
@@ -159,20 +203,51 @@ class PoolState:
             "pool_origin": self.source,
         }
 
+    # ------------------------------------------------------------------ checkpoints, pickling
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (checkpoints); :meth:`from_json` reverses it."""
-        return {k: getattr(self, k) for k in ("state_id", "task_id", "task_dir", "prompt", "category", "source",
-                                              "parent_id", "created_step", "failure_source")}  # fmt: skip
+        """A JSON-able dict (checkpoints): ``{"state": State.to_json(), "task_dir", "source", "parent_id",
+        "created_step"}``; :meth:`from_json` reverses it."""
+        return {"state": self.state.to_json(), "task_dir": self.task_dir, "source": self.source,
+                "parent_id": self.parent_id, "created_step": self.created_step}  # fmt: skip
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "PoolState":
-        return cls(**obj)
+        """The entry :meth:`to_json` wrote, or one in the older flat layout (checkpoints written before entries
+        held a ``State``: ``state_id, task_id, task_dir, prompt, category, source, parent_id, created_step,
+        failure_source``), whose state is rebuilt from its prompt with the id it had.
 
-    def __getstate__(self) -> dict[str, Any]:  # pickled by accelerate's gather_object: keep it small
+        Raises:
+            ValueError: neither layout (the missing or unknown fields are named).
+        """
+        if "state" in obj:
+            pool = {k: v for k, v in obj.items() if k != "state"}
+            try:
+                return cls(state=State.from_json(obj["state"]), **pool)
+            except TypeError as exc:
+                raise ValueError(f"pool state {obj['state'].get('id', '?')}: not a pool entry's JSON ({exc})") from exc
+        try:
+            return cls.from_prompt(**obj)
+        except TypeError as exc:
+            raise ValueError(f"pool state {obj.get('state_id', '?')}: neither the pool-entry JSON "
+                             f"(a 'state' field) nor the older flat one ({exc})") from exc
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled by accelerate's gather_object
         return self.to_json()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update(type(self).from_json(state).__dict__)
+
+
+def _parse(prompt: list[dict[str, Any]], task_id: str) -> Trajectory:
+    """``prompt`` read back as a trajectory, its steps marked ``from_history``.
+
+    Raises:
+        ValueError: not a layout :func:`reterm.agent.atif.from_messages` reads.
+    """
+    traj = from_messages(prompt, task_id=task_id)
+    for s in traj.steps:
+        s.from_history = True
+    return traj
 
 
 def _without_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -249,9 +324,7 @@ def seed_states_from_records(
         if sid in seen:
             skipped["duplicate"] += 1
             continue
-        state = PoolState(state_id=sid, task_id=task_id, task_dir=str(task_dir), prompt=read.messages,
-                          category=record.get("failure_category") or "", source="seed",
-                          failure_source=read.source.value)  # fmt: skip
+        state = PoolState(state=read, task_dir=str(task_dir), source="seed")
         why = _check_prompt(state)
         if why is not None:
             skipped[why] += 1
@@ -278,8 +351,7 @@ def task_start_states(task_ids: Iterable[str], task_dirs: Sequence[str | Path]) 
         if task_dir is None:
             raise ValueError(f"task {task_id!r}: no task folder in task_dirs {list(map(str, task_dirs))}")
         prompt = initial_messages(Task(task_dir).instruction)
-        out.append(PoolState(state_id=f"start:{task_id}", task_id=task_id, task_dir=str(task_dir), prompt=prompt,
-                             category="", source="task_start"))  # fmt: skip
+        out.append(PoolState.from_prompt(f"start:{task_id}", task_id, str(task_dir), prompt, source="task_start"))
     return out
 
 
@@ -316,19 +388,19 @@ def online_states_from_attempt(
         whole = trajectory.model_copy(update={"steps": with_feedback(trajectory.steps)})
         prompt = template_messages(whole.to_messages())
         category = result.primary.category if result.primary is not None else parent.category
-        state = PoolState(state_id=state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
-                          prompt=prompt, category=category, source="online", parent_id=parent.state_id,
-                          created_step=step)  # fmt: skip
+        state = PoolState.from_prompt(state_id(parent.task_id, prompt), parent.task_id, parent.task_dir, prompt,
+                                      category=category, source="online", parent_id=parent.state_id,
+                                      created_step=step)  # fmt: skip
         return [state] if _check_prompt(state) is None else []
-    chosen = [s for s in result.states if s.primary] + [s for s in result.states if s.consequential and not s.primary]
+    chosen = result.select("first") + [s for s in result.states if s.localisation.consequential and not s.localisation.primary]
     out = []
     for fs in chosen[:max_states]:
-        prompt = trajectory.to_messages(upto=fs.history_len)
+        prompt = trajectory.to_messages(upto=len(fs.history))
 
         prompt = template_messages(prompt)
-        state = PoolState(state_id=state_id(parent.task_id, prompt), task_id=parent.task_id, task_dir=parent.task_dir,
-                          prompt=prompt, category=fs.category, source="online", parent_id=parent.state_id,
-                          created_step=step)  # fmt: skip
+        state = PoolState.from_prompt(state_id(parent.task_id, prompt), parent.task_id, parent.task_dir, prompt,
+                                      category=fs.category, source="online", parent_id=parent.state_id,
+                                      created_step=step)  # fmt: skip
         if _check_prompt(state) is None:
             out.append(state)
     return out
