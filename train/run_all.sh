@@ -57,8 +57,9 @@ cd "$(dirname "$SELF")/.."       # everything runs from the repository root
 { # bash reads this whole block before running it: editing the file during a long run is safe
 # torch's OpenMP threads spin while waiting for a core; beside sandboxes that makes CPU generation up to 5x
 # slower (bench/policies.py; tests/run.sh and the reterm command set the same)
-# The SFT stage runs no sandbox: its threads may spin (bench/sft_throughput.py --compare-omp), unless you chose a policy.
-SFT_THREADS=(env OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-ACTIVE}")
+# The SFT stage runs no sandbox: its threads may spin (bench/sft_throughput.py --compare-omp), unless you chose a
+# policy. Set in the stage's environment, not in its command (a command that changes re-runs a completed stage).
+SFT_OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-ACTIVE}"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # LiteLLM (imported with Harbor) uses its bundled cost map instead of retrying a download when offline
 export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
@@ -313,7 +314,7 @@ else
 fi
 
 # 3. SFT cold start on the recovery dataset (LoRA on the CPU; the checkpoint + merged/ for the harness)
-WATCH=$RECIPES/sft.yaml stage sft "$RUN/sft" -- "${SFT_THREADS[@]}" "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
+WATCH=$RECIPES/sft.yaml OMP_WAIT_POLICY=$SFT_OMP_WAIT_POLICY stage sft "$RUN/sft" -- "${LAUNCH[@]}" train/sft.py --config "$RECIPES/sft.yaml" --dataset_name "$DATASET" \
   --output_dir "$RUN/sft" "${TRAIN_FLAGS[@]}" "${SFT_SIZE[@]}"
 SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 9B: full fine-tuning
 
