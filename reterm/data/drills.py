@@ -257,23 +257,16 @@ def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
 
 def _stage_in_attempt_plan(task_dir: Path, kind: str) -> tuple[list[str], int, str]:
     """``(commands of one attempt, index of its mistake step, category)`` of the step-level record of a two-stage
-    drill for an :data:`IN_ATTEMPT_KINDS` entry: the mistake, then its recovery and every later part's solution.
+    drill for an :data:`IN_ATTEMPT_KINDS` entry: :func:`_stage_plan`'s failed attempt (ending with the mistake)
+    followed in the same attempt by its teacher's commands (the recovery and every later part's solution).
 
     Raises:
         ValueError: naming the task or the kind when either does not fit.
     """
-    parts = stage_parts(task_dir)
-    if len(parts) < 2:
-        raise ValueError(f"{task_dir}: not a multi-stage drill (no [metadata] stage_families)")
-    first, second = parts[0], parts[1]
-    rest = [c for p in parts[2:] for c in p["solution"]]
-    if kind == "part2_mistake":
-        return ([*first["solution"], second["first_mistake"], *second["recovery"], *rest], len(first["solution"]),
-                FAMILIES[second["family"]].category.value)  # fmt: skip
-    if kind == "part1_mistake":
-        return ([first["first_mistake"], *first["recovery"], *second["solution"], *rest], 0,
-                FAMILIES[first["family"]].category.value)  # fmt: skip
-    raise ValueError(f"no step-level record for multi-stage kind {kind!r} (one of {IN_ATTEMPT_KINDS})")
+    if kind not in IN_ATTEMPT_KINDS:
+        raise ValueError(f"no step-level record for multi-stage kind {kind!r} (one of {IN_ATTEMPT_KINDS})")
+    failed, teacher, category = _stage_plan(task_dir, kind)
+    return [*failed, *teacher], len(failed) - 1, category
 
 
 async def _stage_in_attempt_records(dirs: list[Path], kind: str) -> dict[str, Any]:
