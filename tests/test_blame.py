@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reterm.agent.episode import BROKEN_KEY, run_episode
+from reterm.agent.episode import BROKEN_KEY, run_episode, run_verifier
 from reterm.policies.scripted import ScriptedPolicy
 from reterm.sandbox.local import DEFAULT_MEMORY_MB, LocalEnvironment
 from reterm.trajectory import Outcome
@@ -163,3 +163,32 @@ def test_an_attempt_that_broke_its_sandbox_is_no_failure_state():
         assert attempt.trajectory.metadata[BROKEN_KEY] and attempt.snapshot is None
     finally:
         release([attempt])
+
+
+def test_a_verifier_fault_after_the_agent_ran_out_of_pids_is_the_agents_failure(tmp_path):
+    """The fourth order of the fork-bomb race: by the time the verifier runs, the forks are gone and the
+    probe passes, but the verifier still failed (Harbor's ``DownloadVerifierDirError`` under the pids
+    limit). A sandbox that ran into its own limits makes a following verifier fault the agent's.
+    The burst runs through ``exec`` between the episode and the verifier: through the terminal it
+    races the harness's own polling."""
+    task = tmp_path / "task"
+    shutil.copytree(TASK, task)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 'no reward written'\n")
+    burst = "(for i in $(seq 60); do sleep 1 & done; wait) 2>/dev/null; echo waited"
+
+    async def main(burst_first):
+        env = LocalEnvironment.for_task(task, pids_max=48)
+        async with env:
+            traj = await run_episode(ScriptedPolicy([SOLVE]), env, task, verify=False)
+            if burst_first:
+                assert "waited" in (await env.exec(burst, timeout_sec=60)).stdout
+            outcome = await run_verifier(env, task, traj)
+            return traj, outcome, env.sandbox_health()
+
+    traj, outcome, health = asyncio.run(main(True))
+    assert "pids" in health.limits_hit and health.alive
+    assert traj.outcome is Outcome.FAILURE and traj.reward == 0.0 and traj.stop_reason == "sandbox_broken"
+    assert "the verifier could not run" in outcome.broken_by_agent and "ran out of pids" in traj.metadata[BROKEN_KEY]
+
+    traj, outcome, health = asyncio.run(main(False))  # the same verifier fault within the limits: the verifier's
+    assert health.limits_hit == [] and traj.outcome is Outcome.VERIFIER_ERROR and outcome.broken_by_agent is None

@@ -234,6 +234,19 @@ def blame_breakage(environment: Any, why: str) -> tuple[bool, str]:
     return True, why
 
 
+def _limits_hit(environment: Any) -> list[str]:
+    """The sandbox limits ``environment`` ran into (``SandboxHealth.limits_hit``: ``"pids"``,
+    ``"memory"``, ``"storage"``); ``[]`` when it cannot say."""
+    health_of = getattr(environment, "sandbox_health", None)
+    if not callable(health_of):
+        return []
+    try:
+        health = health_of()
+    except Exception:
+        return []
+    return list(health.limits_hit) if health is not None and health.alive else []
+
+
 async def verifier_paths_broken(environment: Any) -> str | None:
     """What keeps the verifier from running in ``environment`` (``/logs/verifier`` not a writable
     folder, no shell, exec failing), or ``None`` when it can run. Runs one short command as root."""
@@ -646,6 +659,10 @@ async def run_verifier(
     if outcome.reward is None and not outcome.timed_out:
         # a verifier fault: the agent's doing when it left no usable /logs or no working sandbox
         broken = await verifier_paths_broken(environment)
+        if broken is None and _limits_hit(environment):
+            # the sandbox works again now, but it ran out of its own limits (a fork bomb's pids come
+            # back once its forks die): the fault followed what the agent did
+            broken = "the verifier could not run after the agent's commands"
         if broken is not None:
             agent, why = blame_breakage(environment, broken)
             broken = why if agent else None

@@ -421,6 +421,8 @@ class Box:
         self._init_pidfd: int | None = None
         self._ns_fds: dict[str, int] = {}
         self._exec_counter = itertools.count(1)  # thread-safe under the GIL
+        # limit events counted in per-exec cgroups already removed (Cgroups.remove)
+        self._removed_events = {"oom_events": 0, "pids_max_events": 0}
         self._closed = False
         self._close_lock = threading.Lock()
         self.on_close: list[Callable[[], None]] = []
@@ -781,7 +783,9 @@ class Box:
             if stdin_file:
                 stdin_file.close()
             if child is not None:
-                child.remove()  # only empty ones go; a background daemon keeps its cgroup until close()
+                # only empty ones go; a background daemon keeps its cgroup until close()
+                for key, n in child.remove().items():
+                    self._removed_events[key] += n
 
     def _kill_marked(self, marker: str, root_pid: int, rounds: int = 100) -> None:
         """Kill one exec's process tree without cgroups (rootless fallback).
@@ -950,6 +954,9 @@ class Box:
         Cheap (reads cgroup files and one ``statvfs``); safe to call on a stopped sandbox.
         """
         usage = self.cgroups.usage() if self.cgroups else {}
+        for key, n in self._removed_events.items():
+            if n:
+                usage[key] = (usage.get(key) or 0) + n
         storage_used = storage_size = None
         if self.spec.upper is None and self.holder is not None and self.holder.poll() is None:
             # the tmpfs exists only in the holder's mount namespace, seen through /proc/PID/root

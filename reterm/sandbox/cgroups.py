@@ -228,14 +228,23 @@ class Cgroups:
                 return False
             time.sleep(0.005)
 
-    def remove(self) -> None:
-        """Remove the cgroup folders (children first). Non-empty ones are left (and reported by sweep)."""
+    def remove(self) -> dict[str, int]:
+        """Remove the cgroup folders (children first). Non-empty ones are left (and reported by sweep).
+
+        Returns the limit events counted in the folders removed (``oom_events``, ``pids_max_events``,
+        as :meth:`usage`): a refused fork is counted in the cgroup where it was tried, so a parent
+        that keeps counting a removed per-exec child's events must add these.
+        """
+        gone = {"oom_events": 0, "pids_max_events": 0}
         for d in self.dirs.values():
             if not d.exists():
                 continue
-            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                _rmdir(sub)
-            _rmdir(d)
+            for sub in [*sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), d]:
+                counts = {key: _read_field(sub / name, field) or 0 for key, (name, field) in _EVENT_FIELDS.items()}
+                if _rmdir(sub):
+                    for key, n in counts.items():
+                        gone[key] += n
+        return gone
 
     def to_json(self) -> dict:
         return {"version": self.version, "dirs": {k: str(v) for k, v in self.dirs.items()}}
@@ -274,8 +283,13 @@ def _write(path: Path, value: str, missing_ok: bool = False) -> None:
             raise
 
 
-def _rmdir(path: Path) -> None:
-    """Remove an (empty) cgroup folder, retrying briefly on EBUSY right after its last process exits.
+# limit events: usage key -> (file, field); the same names in v1 and v2
+_EVENT_FIELDS = {"oom_events": ("memory.events", "oom"), "pids_max_events": ("pids.events", "max")}
+
+
+def _rmdir(path: Path) -> bool:
+    """Remove an (empty) cgroup folder, retrying briefly on EBUSY right after its last process exits;
+    True when it is gone.
 
     A cgroup that still holds processes (an exec that left ``server &`` or tmux running) is left in
     place at once, without retrying: it is removed with the sandbox (``Cgroups.remove`` after
@@ -284,16 +298,17 @@ def _rmdir(path: Path) -> None:
     for _ in range(50):
         try:
             path.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError:  # EBUSY: still populated, or right after the last process exits
             try:
                 if (path / "cgroup.procs").read_text().strip():
-                    return
+                    return False
             except OSError:
-                return
+                return False
             time.sleep(0.01)
+    return False
 
 
 _budget: Cgroups | None = None
