@@ -89,7 +89,7 @@ def test_recovery_from_own_two_stage_failure_states_is_paired(tmp_path, monkeypa
     assert [i["task"] for i in states["items"]] == ["multi-000", "multi-001"]
     assert [i["state"]["id"] for i in states["items"]] == ids["base"]
     report = (out / "report.md").read_text()
-    assert "Recovery@1 (own two-stage states)" in report and "two-stage pass rate from task start" in report
+    assert "Recovery@1 own two-stage states" in report and "two-stage pass rate from task start" in report
 
     # every model is done: the states' snapshots were released; a re-run evaluates nothing and keeps the numbers
     assert states["released"]

@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_records, check_r
 
 from check_recipe import parse_dry_run  # noqa: E402
 
+from reterm.eval.drills import multistage_states_line  # noqa: E402
+
 from run_records import REPO, fmt_duration, fmt_mb  # noqa: E402
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
@@ -202,12 +204,8 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
                      f"{rate(r1.get('drills_id'))} | {rate(r1.get('drills_ood'))} | "
                      f"{rate(e.get('valid_tool_call_rate'))} | {rate(r1.get('multistage_own'))} | {sig_s} | "
                      f"{steps} |")  # fmt: skip
-    ms = summary.get("multistage_states")
-    if ms:
-        lines += ["", f"Recovery@1 own two-stage states: the same {ms.get('n_states')} failure states of "
-                  f"`{ms.get('state_model')}` on held-out two-stage drills for every model ({ms.get('n_tasks')} tasks "
-                  f"attempted from the start; its two-stage pass rate from task start "
-                  f"{rate(ms.get('pass_at_1_from_start'))})."]  # fmt: skip
+    if summary.get("multistage_states"):
+        lines += ["", multistage_states_line(summary["multistage_states"], rate)]
     diffs = [(pair, key, d) for pair, per in (summary.get("differences") or {}).items() for key, d in per.items()
              if d.get("diff") is not None]  # fmt: skip
     if diffs:

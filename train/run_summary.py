@@ -339,12 +339,10 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
                      f"{_rate_md(m.get('valid_tool_call_rate'))} | {_rate_md(r1.get('multistage_own'))} | "
                      f"{'-' if zv is None else f'{zv:.2f}'} | "
                      f"{budget} |")  # fmt: skip
-    ms = data["multistage_states"]
-    if ms:
-        lines += ["", f"Recovery@1 own two-stage states: every model recovers from the same {ms.get('n_states')} "
-                  f"failure states of `{ms.get('state_model')}` on held-out two-stage drills ({ms.get('n_tasks')} tasks "
-                  f"attempted from the start; its two-stage pass rate from task start "
-                  f"{_rate_md(ms.get('pass_at_1_from_start'))})."]  # fmt: skip
+    if data["multistage_states"]:
+        from reterm.eval.drills import multistage_states_line  # .venv only: stages.py runs before it exists
+
+        lines += ["", multistage_states_line(data["multistage_states"], _rate_md)]
     lines += ["", "## Paired differences (bootstrap 95% interval over the same items)", ""]
     for pair, per in data["differences"].items():
         for key, d in per.items():

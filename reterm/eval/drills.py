@@ -363,6 +363,15 @@ def _fmt(r: dict[str, Any] | None) -> str:
     return f"{r['value']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (n={r['n']})"
 
 
+def multistage_states_line(ms: dict[str, Any], fmt: Any) -> str:
+    """The sentence that says where Recovery@1 from own two-stage states comes from, for the evaluation
+    report, the run summary and the README. ``ms``: ``results["multistage_states"]`` (``n_states``,
+    ``state_model``, ``n_tasks``, ``pass_at_1_from_start``); ``fmt`` formats a ``{"value", "ci95", "n"}`` rate."""
+    return (f"Recovery@1 own two-stage states: every model recovers from the same {ms.get('n_states')} failure "
+            f"states of `{ms.get('state_model')}` on held-out two-stage drills ({ms.get('n_tasks')} tasks it "
+            f"attempted from the start; its two-stage pass rate from task start {fmt(ms.get('pass_at_1_from_start'))}).")
+
+
 def report(results: dict[str, Any]) -> str:
     """``report.md``: the metrics table, the paired differences in words, and the definitions."""
     lines = ["# Recovery drills: evaluation", "",
@@ -376,11 +385,8 @@ def report(results: dict[str, Any]) -> str:
                      f"{_fmt(m['recovery_at_1']['drills_id'])} | {_fmt(m['recovery_at_1']['drills_ood'])} | "
                      f"{_fmt(m['valid_tool_call_rate'])} | {_fmt(own.get('recovery_at_1'))} | "
                      f"{_fmt(own.get('fatal_attempt_rate'))} | {_fmt(m['recovery_at_1'].get(MULTISTAGE_KEY))} |")  # fmt: skip
-    ms = results.get("multistage_states")
-    if ms:
-        lines += ["", f"Recovery@1 (own two-stage states): {ms['n_states']} failure states of `{ms['state_model']}` "
-                  f"on held-out two-stage drills, from {ms['n_tasks']} tasks it attempted from the start; its "
-                  f"two-stage pass rate from task start: {_fmt(ms.get('pass_at_1_from_start'))}."]  # fmt: skip
+    if results.get("multistage_states"):
+        lines += ["", multistage_states_line(results["multistage_states"], _fmt)]
     lines += ["", "## Paired differences (model - baseline, same items; bootstrap 95% interval)", ""]
     for pair, per in results.get("differences", {}).items():
         for key, d in per.items():
