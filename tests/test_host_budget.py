@@ -99,7 +99,7 @@ def test_a_group_of_fork_bombs_leaves_the_host_able_to_start_processes():
             assert peak_pids >= G * 256, figures
             assert all(h.alive and h.pids <= h.pids_max for h in healths), healths
             assert peak_pids <= usage["pids_max"] and sum(h.pids_max for h in healths) <= usage["pids_max"]
-            assert worst_spawn < 10 and worst_tick < 5
+            assert worst_spawn < 10 and worst_tick < 10
         finally:
             t0 = time.monotonic()
             await asyncio.gather(*(e.stop(delete=True) for e in envs))
