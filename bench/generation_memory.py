@@ -41,8 +41,7 @@ def side(args: argparse.Namespace) -> None:
     from reterm.generation import apply_thread_policy
 
     apply_thread_policy()
-    from reterm.policies import kv_cache
-    from reterm.policies import load_policy
+    from reterm.policies import kv_cache, load_policy
 
     policy = load_policy(args.model, kv_cache=False)
     if args.release == "off":

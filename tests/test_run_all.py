@@ -375,6 +375,46 @@ def _same_path(a: str | Path, b: str | Path) -> bool:
     return (REPO / a).resolve() == (REPO / b).resolve()
 
 
+def _assert_one_state_id(run: Path) -> None:
+    """The reduced run's dataset, GRPO rollouts, eval items and the Space's views name a failure state by one id:
+    :func:`reterm.recovery.state.state_id` of the history the attempt continues (issue 31)."""
+    from datasets import load_dataset
+
+    from reterm.recovery.state import state_id_of
+    from reterm.training.grpo_outputs import read_rollout_file
+    from reterm.trajectory import Trajectory
+
+    sys.path.insert(0, str(REPO / "space"))
+    from replay_sources import group_key, open_source, record_trajectory
+
+    records = list(load_dataset(str(run / "data-mined"), split="train"))
+    for r in records:  # the Space's view of a record starts its recovery from the state the dataset names
+        traj, first = record_trajectory(r)
+        assert state_id_of(traj, traj.steps[:first]) == r["trajectory_id"], (r["id"], first)
+    data_ids = {r["trajectory_id"] for r in records}
+    rows = [x for f in sorted((run / "grpo-reterm" / "rollouts").glob("*.jsonl")) for x in read_rollout_file(f)]
+    rows = [x for x in rows if x["trajectory"]]
+    assert rows
+    for x in rows:
+        traj = Trajectory.model_validate(x["trajectory"])
+        assert traj.prefix_len > 0 and state_id_of(traj, traj.steps[: traj.prefix_len]) == x["state_id"]
+        assert group_key(traj) == f"{x['task_id']}/{x['state_id']}"
+        if x["pool_origin"] == "seed":  # a seed state is a state of the dataset GRPO read
+            assert x["state_id"] in data_ids, x["state_id"]
+    labels = [item.label for item in open_source(str(run / "grpo-reterm")).items]
+    assert {x["state_id"] for x in rows} == {lab.split(" · state ")[1].split(" ")[0] for lab in labels}
+    for name in ("base", "sft", "grpo-standard", "grpo-reterm"):
+        per = json.loads((run / "eval" / name / "per_item.json").read_text())
+        lines = [json.loads(line) for line in (run / "eval" / name / "attempts.jsonl").read_text().splitlines()]
+        forked = [a for a in lines if a.get("state_id")]
+        assert forked, name
+        for a in forked:
+            traj = Trajectory.model_validate({k: v for k, v in a.items() if k in Trajectory.model_fields})
+            assert state_id_of(traj, traj.steps[: traj.prefix_len]) == a["state_id"], (name, a["kind"])
+        own = {a["state_id"] for a in forked if a["kind"] == "recovery_multistage_own"}
+        assert own == set(per.get("recovery_at_1/multistage_own", [])), name
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # the chain alone is about 10 min on 2 busy cores; the limit is a hang guard
 def test_reduced_chain_end_to_end(tmp_path):
@@ -451,6 +491,7 @@ def test_reduced_chain_end_to_end(tmp_path):
     assert json.loads((run / "grpo-standard" / "training_summary.json").read_text())["dataset"] == "data-mined"
     # the rendered cards say, number by number, what the run measured and built
     assert_model_card_matches(str(mcard), results, "grpo-reterm")
+    _assert_one_state_id(run)
     assert_dataset_card_matches(str(card).split("\n---\n", 1)[1], run / "data-mined")
     assert re.search(r"SFT trained on the recovery turns of the records of `[^`]*/data`", str(mcard))
     assert re.search(r"ReTerm-GRPO forked each group of 2 attempts from a failure state of `[^`]*/data-mined`", str(mcard))
