@@ -209,6 +209,16 @@ def _host_memory_low() -> bool:
         return False
 
 
+def _sandbox_health(environment: Any) -> Any:
+    """``environment.sandbox_health()`` (the local sandbox's ``BoxHealth``: ``alive``, ``limits_hit``...), or
+    ``None`` for an environment that cannot say."""
+    health_of = getattr(environment, "sandbox_health", None)
+    if callable(health_of):
+        with contextlib.suppress(Exception):
+            return health_of()
+    return None
+
+
 def blame_breakage(environment: Any, why: str) -> tuple[bool, str]:
     """Whose fault is a sandbox that stopped working after the agent acted: ``(agent, message)``.
 
@@ -217,11 +227,7 @@ def blame_breakage(environment: Any, why: str) -> tuple[bool, str]:
     Environments that cannot say (no ``sandbox_health``) follow the rule: the agent's.
     ``message`` adds the sandbox's own limits it ran into.
     """
-    health_of = getattr(environment, "sandbox_health", None)
-    health = None
-    if callable(health_of):
-        with contextlib.suppress(Exception):
-            health = health_of()
+    health = _sandbox_health(environment)
     if health is None:
         return True, why
     if not health.alive:
@@ -232,19 +238,6 @@ def blame_breakage(environment: Any, why: str) -> tuple[bool, str]:
     if hit:
         why += f"; the sandbox ran out of {', '.join(hit)}"
     return True, why
-
-
-def _limits_hit(environment: Any) -> list[str]:
-    """The sandbox limits ``environment`` ran into (``SandboxHealth.limits_hit``: ``"pids"``,
-    ``"memory"``, ``"storage"``); ``[]`` when it cannot say."""
-    health_of = getattr(environment, "sandbox_health", None)
-    if not callable(health_of):
-        return []
-    try:
-        health = health_of()
-    except Exception:
-        return []
-    return list(health.limits_hit) if health is not None and health.alive else []
 
 
 async def verifier_paths_broken(environment: Any) -> str | None:
@@ -659,7 +652,8 @@ async def run_verifier(
     if outcome.reward is None and not outcome.timed_out:
         # a verifier fault: the agent's doing when it left no usable /logs or no working sandbox
         broken = await verifier_paths_broken(environment)
-        if broken is None and _limits_hit(environment):
+        health = _sandbox_health(environment)
+        if broken is None and health is not None and health.alive and health.limits_hit:
             # the sandbox works again now, but it ran out of its own limits (a fork bomb's pids come
             # back once its forks die): the fault followed what the agent did
             broken = "the verifier could not run after the agent's commands"

@@ -54,6 +54,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -422,7 +423,7 @@ class Box:
         self._ns_fds: dict[str, int] = {}
         self._exec_counter = itertools.count(1)  # thread-safe under the GIL
         # limit events counted in per-exec cgroups already removed (Cgroups.remove)
-        self._removed_events = {"oom_events": 0, "pids_max_events": 0}
+        self._removed_events: Counter[str] = Counter()
         self._closed = False
         self._close_lock = threading.Lock()
         self.on_close: list[Callable[[], None]] = []
@@ -784,8 +785,7 @@ class Box:
                 stdin_file.close()
             if child is not None:
                 # only empty ones go; a background daemon keeps its cgroup until close()
-                for key, n in child.remove().items():
-                    self._removed_events[key] += n
+                self._removed_events.update(child.remove())
 
     def _kill_marked(self, marker: str, root_pid: int, rounds: int = 100) -> None:
         """Kill one exec's process tree without cgroups (rootless fallback).

@@ -152,17 +152,15 @@ class Cgroups:
                      "memory_peak_bytes": (mem, "memory.max_usage_in_bytes"),
                      "memory_limit_bytes": (mem, "memory.limit_in_bytes"), "pids": (pids, "pids.current"),
                      "pids_max": (pids, "pids.max")}  # fmt: skip
-            events = {"oom_events": (mem, "memory.oom_control", "oom_kill"),
-                      "pids_max_events": (pids, "pids.events", "max")}  # fmt: skip
         else:
             d = self.dirs.get("unified")
             files = {"memory_bytes": (d, "memory.current"), "memory_peak_bytes": (d, "memory.peak"),
                      "memory_limit_bytes": (d, "memory.max"), "pids": (d, "pids.current"), "pids_max": (d, "pids.max")}
-            events = {"oom_events": (d, "memory.events", "oom"), "pids_max_events": (d, "pids.events", "max")}
         for key, (folder, name) in files.items():
             if folder is not None:
                 out[key] = _read_int(folder / name)
-        for key, (folder, name, field_name) in events.items():
+        for key, (role, name, field_name) in _EVENT_FILES[self.version].items():
+            folder = self.dirs.get(role)
             if folder is not None and folder.is_dir():
                 # a refused fork is counted where it was tried: in the per-exec child cgroups too
                 subtree = (folder, *(p for p in folder.rglob("*") if p.is_dir()))
@@ -235,12 +233,13 @@ class Cgroups:
         as :meth:`usage`): a refused fork is counted in the cgroup where it was tried, so a parent
         that keeps counting a removed per-exec child's events must add these.
         """
-        gone = {"oom_events": 0, "pids_max_events": 0}
-        for d in self.dirs.values():
+        gone = dict.fromkeys(_EVENT_FILES[self.version], 0)
+        for role, d in self.dirs.items():
             if not d.exists():
                 continue
+            events = {key: (name, field) for key, (r, name, field) in _EVENT_FILES[self.version].items() if r == role}
             for sub in [*sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), d]:
-                counts = {key: _read_field(sub / name, field) or 0 for key, (name, field) in _EVENT_FIELDS.items()}
+                counts = {key: _read_field(sub / name, field) or 0 for key, (name, field) in events.items()}
                 if _rmdir(sub):
                     for key, n in counts.items():
                         gone[key] += n
@@ -283,8 +282,11 @@ def _write(path: Path, value: str, missing_ok: bool = False) -> None:
             raise
 
 
-# limit events: usage key -> (file, field); the same names in v1 and v2
-_EVENT_FIELDS = {"oom_events": ("memory.events", "oom"), "pids_max_events": ("pids.events", "max")}
+# limit events (Cgroups.usage, Cgroups.remove), per cgroup version: key -> (hierarchy role, file, field)
+_EVENT_FILES = {
+    1: {"oom_events": ("memory", "memory.oom_control", "oom_kill"), "pids_max_events": ("pids", "pids.events", "max")},
+    2: {"oom_events": ("unified", "memory.events", "oom"), "pids_max_events": ("unified", "pids.events", "max")},
+}
 
 
 def _rmdir(path: Path) -> bool:
