@@ -131,3 +131,23 @@ def test_two_stage_step_level_records_fix_the_part_before_submitting(records):
     part2 = step_level["part2_mistake"]
     assert part2["failure_step"] >= 1  # part 1's solution came first: that progress is in the state
     assert step_level["part1_mistake"]["failure_step"] == 0 and all(r["failure_output"] for r in step_level.values())
+
+
+def test_reference_solutions_and_injected_mistakes_take_different_instances(tmp_path):
+    """The reference solutions take the last N train instances of each family, the injected mistakes the first:
+    disjoint while a family has enough (issue 30: an SFT start trained on few instances repeated their strings)."""
+    from reterm.data.drills import _family, per_family, read_splits
+    from reterm.drills import generate_drills
+
+    generate_drills(tmp_path, 0, 8, families=["mkdir-parent", "exec-bit"], ood_families=[])
+    train = [tmp_path / n for n in read_splits(tmp_path)["train"]]
+    per = {f: [d for d in train if _family(d) == f] for f in ("mkdir-parent", "exec-bit")}
+    assert all(len(v) >= 4 for v in per.values()), {f: len(v) for f, v in per.items()}
+    n = min(len(v) for v in per.values()) // 2
+    first, last = per_family(train, n), per_family(train, n, from_end=True)
+    for f, dirs in per.items():
+        assert [d for d in first if _family(d) == f] == dirs[:n]
+        assert [d for d in last if _family(d) == f] == dirs[-n:]
+    assert not set(first) & set(last)
+    assert last == [d for d in train if d in set(last)]  # in the list's order
+    assert per_family(train, None, from_end=True) == train

@@ -347,18 +347,23 @@ async def _in_attempt_records(failed: list[Attempt], categories: dict[Path, str]
     return rows
 
 
-def per_family(dirs: list[Path], n: int | None) -> list[Path]:
-    """The first ``n`` of ``dirs`` (in order) of each drill family (``[metadata] family``); all when ``n`` is None."""
+def per_family(dirs: list[Path], n: int | None, *, from_end: bool = False) -> list[Path]:
+    """The first ``n`` of ``dirs`` (in order) of each drill family (``[metadata] family``); all when ``n`` is None.
+
+    ``from_end``: the last ``n`` of each family instead (returned in ``dirs``' order), so that two selections of
+    the same list (the injected mistakes' instances and the reference solutions') overlap only when a family has
+    fewer than the two ``n`` together.
+    """
     if n is None:
         return list(dirs)
     count: Counter = Counter()
     out = []
-    for d in dirs:
+    for d in (reversed(dirs) if from_end else dirs):
         fam = _family(d)
         if count[fam] < n:
             count[fam] += 1
             out.append(d)
-    return out
+    return out[::-1] if from_end else out
 
 
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
@@ -383,9 +388,12 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             injected (default all). Multi-stage train instances (:func:`reterm.drills.generate.stage_parts`) give a
             whole reference solution each and one scripted failed attempt of :data:`MULTISTAGE_KINDS` each.
         reference_per_family: whole reference solutions from the task's start (trained from the first assistant
-            turn) on the first N single-stage train instances of each family: the only records whose trained turns
-            start from the task's start, which the model otherwise sees only after a history of tool calls (a
-            model trained on recoveries alone keeps its base behaviour at the first turn; measured on SmolLM2).
+            turn) on the last N single-stage train instances of each family (the injected mistakes take the first
+            ones: the two differ while a family has enough): the only records whose trained turns start from the
+            task's start, which the model otherwise sees only after a history of tool calls (a model trained on
+            recoveries alone keeps its base behaviour at the first turn; measured on SmolLM2). Many distinct
+            instances, not many records of a few: an SFT start trained on 1-3 instances per family repeated the
+            instance's own strings on held-out instances (issue 30).
         extends: a dataset folder this build makes the next round of (see the module docstring): its journal
             seeds ``output``'s when ``output`` has none yet; ``extends`` itself is only read.
 
@@ -428,7 +436,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     if injected:
         mistakes, teacher = mistake_policy(injected), injected_teacher(injected)
         work.append(("injected", injected, 16, lambda chunk: _batch(mistakes, teacher, chunk, "injected", 2)))
-    whole_single = per_family(single, reference_per_family) if reference_per_family else []
+    whole_single = per_family(single, reference_per_family, from_end=True) if reference_per_family else []
     if whole_single:
         work.append(("single:whole", whole_single, 16, _whole_records))
     if multi:
@@ -566,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--injected-per-family", type=int, default=None,
                    help="inject the first mistake on at most N single-stage train instances per family (default all)")
     p.add_argument("--reference-per-family", type=int, default=0,
-                   help="also a whole reference solution on N single-stage train instances per family (default 0)")
+                   help="also a whole reference solution on N single-stage train instances per family, the last N "
+                        "(the injected mistakes take the first ones; default 0)")
     p.add_argument("--extends", type=Path, default=None,
                    help="a dataset folder (an earlier round) this one extends; it is read, never rewritten")
     a = p.parse_args(argv)
