@@ -181,3 +181,20 @@ def test_pool_skips_states_that_keep_giving_equal_rewards_before_rollout():
     never = FailurePool(seeds, online_fraction=0.0, skip_equal_after=0)
     never.record_groups([("s0", 0, [0.0, 0.0])] * 3)
     assert all(never.choose(["s0"] * 4, k, 0, 4)[0].state_id == "s0" for k in range(20))
+
+
+def test_group_parts_from_every_process_are_judged_together():
+    """A group split across two processes: neither part alone has differing rewards, the whole group has (the
+    rule of ``skip_equal_after``'s streaks and of ``online_states_from: signal_groups``)."""
+    from reterm.training.failure_pool import merge_group_parts
+
+    rank = {0: [("a", 0, [1.0, 1.0]), ("b", 1, [0.0, 0.0])], 1: [("a", 0, [0.0, 0.0]), ("b", 1, [0.0, 0.0])]}
+    gather = lambda part: rank[0] + rank[1]  # noqa: E731  (accelerate's gather_object: every rank's list, in rank order)
+    merged = merge_group_parts(rank[0], gather)
+    assert merged == {("a", 0): [1.0, 1.0, 0.0, 0.0], ("b", 1): [0.0] * 4}
+    assert {g for (_, g), r in merged.items() if len(set(r)) > 1} == {0}
+    assert merge_group_parts(rank[1]) == {("a", 0): [0.0, 0.0], ("b", 1): [0.0, 0.0]}  # one process: its parts
+    pools = [FailurePool([_state(1, "seed")], skip_equal_after=1) for _ in range(2)]
+    for r, pool in enumerate(pools):
+        pool.record_groups(rank[r], gather=gather)
+    assert pools[0].equal_streak == pools[1].equal_streak == {"a": 0, "b": 1}

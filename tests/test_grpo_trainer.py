@@ -93,6 +93,7 @@ def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
         max_turns=3, max_turn_tokens=64, max_completion_length=320, learning_rate=1e-3, use_cpu=True, bf16=False,
         report_to="none", logging_steps=1, save_strategy="no", task_dirs=[str(task.parent)], online_state_fraction=1.0,
         chat_template_kwargs={"enable_thinking": False}, seed=3, skip_equal_after=1,
+        online_states_from="signal_groups",  # the CPU recipe's: the seed group's rewards differ, so it gives one
     )  # fmt: skip
     pool = FailurePool([seed], online_fraction=1.0, seed=3)
     trainer = ReTermGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), args, pool, processing_class=tok,

@@ -229,7 +229,8 @@ def build_summary(script_args, args: ReTermGRPOConfig, model_args, trainer, pool
             k: getattr(args, k) for k in ("learning_rate", "num_generations", "per_device_train_batch_size",
                                           "gradient_accumulation_steps", "max_steps", "max_turns", "max_turn_tokens",
                                           "max_completion_length", "temperature", "beta", "loss_type", "scale_rewards",
-                                          "online_state_fraction", "pool_refresh_steps", "dynamic_sampling", "seed")
+                                          "online_state_fraction", "online_states_from", "pool_refresh_steps", "dynamic_sampling",
+                                          "skip_equal_after", "seed")
         } | {"world_size": args.world_size},
         "steps": trainer.state.global_step,
         "train_runtime_s": end.get("train_runtime"),

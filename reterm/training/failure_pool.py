@@ -406,6 +406,25 @@ def online_states_from_attempt(
     return out
 
 
+def merge_group_parts(groups: Iterable[tuple[str, int, list[float]]],
+                      gather: Callable[[list], list] | None = None) -> dict[tuple[str, int], list[float]]:  # fmt: skip
+    """Each group's rewards, joined from the parts of it that every process scored.
+
+    Args:
+        groups: ``(state_id, global group index, scored rewards)`` of this process's group parts (a group of G
+            attempts may span processes).
+        gather: e.g. accelerate's ``gather_object`` (every rank calls it at the same steps); None on one process.
+
+    Returns:
+        ``(state_id, group index) -> rewards`` (infrastructure faults, which have no reward, left out by the caller).
+    """
+    parts = list(groups)
+    merged: dict[tuple[str, int], list[float]] = {}
+    for sid, g, rewards in gather(parts) if gather is not None else parts:
+        merged.setdefault((sid, g), []).extend(rewards)
+    return merged
+
+
 class FailurePool:
     """Seed and online failure states, the per-group choice between them, and the online refresh.
 
@@ -543,12 +562,7 @@ class FailurePool:
             gather: e.g. accelerate's ``gather_object``; every rank calls this at the same steps, so a group
                 split across ranks is judged on all its rewards and the streaks stay identical everywhere.
         """
-        parts = list(groups)
-        everything = gather(parts) if gather is not None else parts
-        merged: dict[tuple[str, int], list[float]] = {}
-        for sid, g, rewards in everything:
-            merged.setdefault((sid, g), []).extend(rewards)
-        for (sid, _), rewards in sorted(merged.items()):
+        for (sid, _), rewards in sorted(merge_group_parts(groups, gather).items()):
             if len(rewards) < 2:
                 continue
             self.equal_streak[sid] = self.equal_streak.get(sid, 0) + 1 if len(set(rewards)) == 1 else 0

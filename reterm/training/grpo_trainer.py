@@ -57,7 +57,13 @@ from trl import GRPOTrainer
 
 from reterm.policies.kv_cache import PrefixKVCache
 from reterm.recovery import localise
-from reterm.training.failure_pool import FailurePool, PoolState, SnapshotCache, online_states_from_attempt
+from reterm.training.failure_pool import (
+    FailurePool,
+    PoolState,
+    SnapshotCache,
+    merge_group_parts,
+    online_states_from_attempt,
+)
 from reterm.training.grpo_config import ReTermGRPOConfig
 from reterm.training.grpo_outputs import rollout_file_name, rollout_rows, write_rollout_file
 from reterm.training.grpo_policy import GenerateFn, GenerationRequest, TokenTrajectoryPolicy
@@ -366,13 +372,16 @@ class ReTermGRPOTrainer(GRPOTrainer):
         self._log_summary(mode, parts)
         if args.save_rollouts and mode == "train":
             self._save_rollouts(results, step)
+        scored = [(gr.state.state_id, g, [a.reward for a in gr.attempts if a.reward is not None])
+                  for (_, _, g), gr in zip(self._last_groups, results) if gr.dropped is None]  # fmt: skip
         if mode == "train" and args.skip_equal_after > 0:
-            self.pool.record_groups([(gr.state.state_id, g, [a.reward for a in gr.attempts if a.reward is not None])
-                                     for (_, _, g), gr in zip(self._last_groups, results) if gr.dropped is None],
-                                    gather=gather_object)  # fmt: skip
+            self.pool.record_groups(scored, gather=gather_object)
         if mode == "train" and args.mode == "reterm" and args.online_state_fraction > 0:
-            for gr in results:
-                if gr.dropped is not None:
+            signal = None  # global group indices whose rewards differ (judged on every rank's part of the group)
+            if args.online_states_from == "signal_groups":
+                signal = {g for (_, g), rewards in merge_group_parts(scored, gather_object).items() if len(set(rewards)) > 1}
+            for (_, _, g), gr in zip(self._last_groups, results):
+                if gr.dropped is not None or (signal is not None and g not in signal):
                     continue
                 found: list[PoolState] = []
                 for a in gr.attempts:
