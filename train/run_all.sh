@@ -210,7 +210,7 @@ case "$RECIPE:$SIZE" in
     # The embedded default (docs/REPRODUCING.md; not yet timed end to end at these sizes):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
-    # of each family and types whole reference solutions on 3 of them (the first turn from the task's start), 48 whole
+    # of each family and types whole reference solutions on 16 others (the first turn from the task's start), 48 whole
     # two-stage solutions and 48 two-stage failed attempts with their recoveries,
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs (bf16 autocast where the CPU has it); 15 GRPO steps of two groups of G=4 each (120 attempts) on the
@@ -219,7 +219,7 @@ case "$RECIPE:$SIZE" in
     # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
     # start until 150 failed, once; then 150 recovery attempts per model).
     DRILL_SIZE=(--per-family 32 --multistage 48)
-    DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 3)
+    DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 16)
     # the mine stage: the SFT model also attempts every two-stage train drill (8 turns): its own failed attempts
     # there are ReTerm-GRPO's seed states (the recipes train on multi-*)
     MINE_SIZE=(--own-multistage 48)
