@@ -3,7 +3,8 @@
 
 ``sft`` (the state model) clears part 1 of each two-stage drill and submits, so every attempt from the task start
 fails and its end state (part 1 done) is an item; ``grpo-reterm`` types part 2 only (it recovers from every item);
-``base`` answers in prose (it recovers from none). Same items for every model, so ``compare`` pairs them.
+``base`` answers in prose (it recovers from none). Same items for every model, so ``compare`` pairs them. The
+evaluation is of these items only (`--max-id 0`: no Pass@1 items, no own failed attempts to follow).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def test_recovery_from_own_two_stage_failure_states_is_paired(tmp_path, monkeypa
                 "nothing": lambda: ScriptedPolicy(lambda m: "I am not sure what to do.", name="nothing")}  # fmt: skip
     out = tmp_path / "eval"
     argv = ["--tasks", str(tasks), "--output", str(out), "--model", "base=nothing", "--model", "sft=part1",
-            "--model", "grpo-reterm=part2", "--max-id", "1", "--max-ood", "0", "--max-states", "0",
+            "--model", "grpo-reterm=part2", "--max-id", "0", "--max-ood", "0", "--max-states", "0",
             "--own-items", "0", "--k-max", "1", "--max-turns", "8", "--batch", "8", "--multistage-states", "2"]
 
     # a run that stops after the state model (it goes first: it builds the states at its turn)

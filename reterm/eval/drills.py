@@ -295,8 +295,8 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
     own_states = [attempt_end_state(a) for a in own_failed]
     cats = [s.category for s in own_states]
-    oracle = OraclePolicy([a.task_dir for a in own_failed] or id_dirs[:1], name="oracle")
-    fatal_checks = await run_attempts(oracle, [a.task_dir for a in own_failed], states=own_states,
+    fatal_checks = await run_attempts(OraclePolicy([a.task_dir for a in own_failed], name="oracle"),
+                                      [a.task_dir for a in own_failed], states=own_states,
                                       snapshots=[a.snapshot for a in own_failed], max_turns=8) if own_failed else []
     fatal = [not c.trajectory.passed if _scored(c) else None for c in fatal_checks]
     recovered_at: list[int | None] = [None] * len(own_failed)  # the k at which each item recovered
