@@ -19,7 +19,9 @@ For each model (greedy decoding, the kit's one harness and prompt):
 Every rate is ``{"value", "ci95", "n"}`` (Wilson, :mod:`reterm.stats`); every difference between two models
 on the same items is a paired bootstrap interval. Infrastructure faults are counted apart and leave the
 denominators. Results: ``DIR/results.json``, ``DIR/report.md`` and ``DIR/rates.png``; each model's attempts in
-``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists.
+``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists, and a model
+interrupted midway resumes from its journal (``DIR/<model>/journal.jsonl``: its scored attempts so far; the
+failed ones whose snapshots a later step forks are attempted again).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -45,7 +48,7 @@ from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_at
 from reterm.recovery.state import State
 from reterm.sandbox.snapshot import Snapshot
 from reterm.stats import paired_bootstrap, paired_power, rate
-from reterm.trajectory import Outcome, write_json_atomic
+from reterm.trajectory import Outcome, Trajectory, write_json_atomic
 
 PAIRS = [("sft", "base"), ("grpo-standard", "sft"), ("grpo-reterm", "sft"), ("grpo-reterm", "grpo-standard")]
 """(model, baseline) pairs whose paired differences the report gives, when both were evaluated."""
@@ -64,17 +67,64 @@ def _say(msg: str) -> None:
     print(f"[eval-drills] {msg}", flush=True)
 
 
+JOURNAL = "journal.jsonl"
+"""A model's finished attempts while it is being evaluated (``DIR/<model>/journal.jsonl``): one line per scored
+attempt, appended and flushed after each batch; removed once the model's ``metrics.json`` is written."""
+
+
+def _read_journal(path: Path | None) -> dict[str, dict[str, Any]]:
+    """The journal's trajectories by key (``{}`` without one); a last line cut by a kill is skipped."""
+    if path is None or not path.is_file():
+        return {}
+    done: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            done[row["key"]] = row["trajectory"]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
 async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, states: list[Any] | None = None,
-                    snapshots: list[Any] | None = None, **kw: Any) -> list[Attempt]:  # fmt: skip
-    """:func:`run_attempts` over ``dirs`` (with their ``states``/``snapshots``) ``batch`` at a time."""
-    out: list[Attempt] = []
+                    snapshots: list[Any] | None = None, journal: Path | None = None, journal_tag: str = "",
+                    **kw: Any) -> list[Attempt]:  # fmt: skip
+    """:func:`run_attempts` over ``dirs`` (with their ``states``/``snapshots``) ``batch`` at a time.
+
+    With ``journal`` (a JSONL file), every scored attempt is appended to it after its batch, keyed by
+    ``journal_tag`` (the model and the caps), ``label``, its index, task and state id; a re-run with the same
+    file reuses the journaled attempts instead of attempting them again, except failed ones when
+    ``keep_failed_snapshots`` is asked (their snapshots, the failure states a later step forks, ended with the
+    interrupted process), which are attempted again. Infrastructure faults are never journaled (retried).
+    """
+    keys = [f"{journal_tag}|{label}|{i}|{d.name}|{getattr(states[i], 'id', '') if states is not None else ''}"
+            for i, d in enumerate(dirs)]  # fmt: skip
+    done = _read_journal(journal)
+    out: dict[int, Attempt] = {}
+    for i, key in enumerate(keys):
+        if key in done:
+            traj = Trajectory.model_validate(done[key])
+            if not (kw.get("keep_failed_snapshots") and traj.outcome is Outcome.FAILURE):
+                out[i] = Attempt(dirs[i], traj)
+    todo = [i for i in range(len(dirs)) if i not in out]
+    if out:
+        _say(f"  {label}: {len(out)}/{len(dirs)} attempts from the journal, {len(todo)} to run")
     t0 = time.monotonic()
-    for i in range(0, len(dirs), batch):
-        sl = slice(i, i + batch)
-        out += await run_attempts(policy, dirs[sl], states=states[sl] if states is not None else None,
-                                  snapshots=snapshots[sl] if snapshots is not None else None, **kw)  # fmt: skip
+    for b in range(0, len(todo), batch):
+        idx = todo[b : b + batch]
+        got = await run_attempts(policy, [dirs[i] for i in idx],
+                                 states=[states[i] for i in idx] if states is not None else None,
+                                 snapshots=[snapshots[i] for i in idx] if snapshots is not None else None, **kw)  # fmt: skip
+        out.update(zip(idx, got))
+        if journal is not None:
+            rows = [json.dumps({"key": keys[i], "trajectory": a.trajectory.model_dump(mode="json")})
+                    for i, a in zip(idx, got) if _scored(a)]  # fmt: skip
+            with open(journal, "a") as fh:
+                fh.write("".join(r + "\n" for r in rows))
+                fh.flush()
+                os.fsync(fh.fileno())
         _say(f"  {label}: {len(out)}/{len(dirs)} attempts, {time.monotonic() - t0:.0f}s")
-    return out
+    return [out[i] for i in range(len(dirs))]
 
 
 def spread(items: list[Any], n: int | None) -> list[Any]:
@@ -231,14 +281,20 @@ def _per_category(items: list[tuple[str, bool]]) -> dict[str, Any]:
 async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: list[Path],
                          injected: tuple[list[Attempt], list[Any], list[bool]], out: Path, *,
                          max_turns: int, batch: int, own_items: int, k_max: int,
-                         multistage: list[tuple[Path, State, str]] | None = None) -> dict[str, Any]:  # fmt: skip
+                         multistage: list[tuple[Path, State, str]] | None = None,
+                         journal_tag: str = "") -> dict[str, Any]:  # fmt: skip
     """One model's metrics (see the module docstring); writes ``out/<name>/attempts.jsonl``. ``multistage``:
-    the items of Recovery@1 from own two-stage failure states (:func:`multistage_items`), if any."""
+    the items of Recovery@1 from own two-stage failure states (:func:`multistage_items`), if any.
+
+    Its attempts are journaled in ``out/<name>/journal.jsonl`` (:data:`JOURNAL`) while it runs, under
+    ``journal_tag`` (what makes attempts comparable: the model's spec and the caps), so that an interrupted
+    evaluation of this model resumes where it stopped."""
     t0 = time.monotonic()
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    kw = dict(max_turns=max_turns, max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS)
+    kw = dict(max_turns=max_turns, max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS,
+              journal=folder / JOURNAL, journal_tag=journal_tag)  # fmt: skip
     res: dict[str, Any] = {"model": name}
     own_failed: list[Attempt] = []
     per_item: dict[str, dict[str, float | None]] = {}
@@ -295,9 +351,10 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
     own_states = [attempt_end_state(a) for a in own_failed]
     cats = [s.category for s in own_states]
-    fatal_checks = await run_attempts(OraclePolicy([a.task_dir for a in own_failed], name="oracle"),
-                                      [a.task_dir for a in own_failed], states=own_states,
-                                      snapshots=[a.snapshot for a in own_failed], max_turns=8) if own_failed else []
+    fatal_checks = await _attempts(OraclePolicy([a.task_dir for a in own_failed], name="oracle"),
+                                   [a.task_dir for a in own_failed], batch, f"{name} reference from own failures",
+                                   states=own_states, snapshots=[a.snapshot for a in own_failed], max_turns=8,
+                                   journal=kw["journal"], journal_tag=journal_tag) if own_failed else []  # fmt: skip
     fatal = [not c.trajectory.passed if _scored(c) else None for c in fatal_checks]
     recovered_at: list[int | None] = [None] * len(own_failed)  # the k at which each item recovered
     current = list(own_failed)
@@ -338,6 +395,7 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     # one line per recovery attempt, keyed by the failure state's id (the dataset's trajectory_id, GRPO's state_id)
     write_text_atomic(folder / "recovery_items.jsonl", "".join(json.dumps(i) + "\n" for i in state_items))
     write_json_atomic(folder / "metrics.json", res)
+    (folder / JOURNAL).unlink(missing_ok=True)
     return res
 
 
@@ -519,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               **ms_kw))  # fmt: skip
             m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
-                                           k_max=a.k_max,
+                                           k_max=a.k_max, journal_tag=f"{models[name]}|{a.max_turns}|{a.max_new_tokens}",
                                            multistage=multistage_items(ms_data, ms_dir) if ms_data else None))  # fmt: skip
             _say(f"{name}: Pass@1 ID {_fmt(m['pass_at_1']['drills_id'])}, Recovery@1 ID "
                  f"{_fmt(m['recovery_at_1']['drills_id'])}, {m['wall_s']:.0f}s")  # fmt: skip
