@@ -12,13 +12,19 @@ Prints tokens/s (every token of a batch, prompt included, counts) and peak resid
 model, optimiser and activations included) of each, then one JSON line with ``sft_over_bare`` (target >= 0.67)
 and ``sft_peak_gb`` (target <= 3).
 
+With ``--processes 2`` it times the ``sft`` side as one process with every thread against ``torchrun`` data
+parallelism (2 processes of ``cpus / 2`` threads each, gloo; the same per-process batch and accumulation, so each
+optimiser step sees twice the records): on a small model most of a step is element-wise work, type casts and CPU
+attention kernels that two threads share poorly, so processes can use the cores better than threads. Tokens
+are summed over the processes, peak memory too (each process holds its own model and activations).
+
 With ``--compare-omp`` it times the ``sft`` side instead under ``OMP_WAIT_POLICY=PASSIVE`` and ``ACTIVE``, in
 alternation (``--repeats`` pairs), and prints both tokens/s and their ratio: the policy decides whether torch's
 OpenMP threads sleep or spin between parallel regions (passive is right beside sandboxes and generation, where a
 spinning thread steals the core a command needs; run_all gives its SFT stage, which runs no sandbox, ``ACTIVE``).
 
 Usage: ``python bench/sft_throughput.py [--config train/recipes/smollm2-135m/sft.yaml] [--dataset DIR] [--steps 4]
-[--compare-omp [--repeats 2]]``
+[--compare-omp [--repeats 2] | --processes 2]``
 (``--dataset``: default the repository's small recovery fixture, so that it runs from a fresh clone; the
 recipe's own dataset is the embedded run's ``runs/smollm2-135m/data``).
 """
@@ -119,6 +125,46 @@ def run_side(side: str, config: str, dataset: str, steps: int) -> dict:
     return {"side": side, "tokens": tokens[0], "seconds": seconds, "tokens_per_s": tokens[0] / seconds, "peak_gb": peak_gb}
 
 
+def compare_processes(args: argparse.Namespace) -> int:
+    """The sft side as one process (every thread) and as ``args.processes`` torchrun processes; prints a table."""
+    cpus = os.cpu_count() or 1
+    threads = max(1, cpus // args.processes)
+    side = [__file__, "--side", "sft", "--config", args.config, "--dataset", args.dataset, "--steps", str(args.steps)]
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "ACTIVE")}
+    runs = {
+        f"1 process x {cpus} threads": ([sys.executable, *side], {**env, "OMP_NUM_THREADS": str(cpus)}),
+        f"{args.processes} processes x {threads} threads": (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.processes), *side],
+            {**env, "OMP_NUM_THREADS": str(threads)}),
+    }  # fmt: skip
+    rows = {}
+    for label, (cmd, run_env) in runs.items():
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=run_env)
+        found = [json.loads(ln[len("RESULT "):]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not found:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise SystemExit(f"{label}: failed (exit {proc.returncode})")
+        seconds = max(r["seconds"] for r in found)
+        tokens = sum(r["tokens"] for r in found)
+        rows[label] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                       "peak_gb": sum(r["peak_gb"] for r in found)}  # fmt: skip
+    load = os.getloadavg()
+    print(f"\nSFT tokens/s, threads or processes, {args.steps} optimiser steps per process (cpus {cpus}, load average "
+          f"{load[0]:.1f} {load[1]:.1f})\n")  # fmt: skip
+    print("| layout | tokens | s | tokens/s | peak GB (all processes) |")
+    print("|---|---:|---:|---:|---:|")
+    for label, r in rows.items():
+        print(f"| {label} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | {r['peak_gb']:.2f} |")
+    one, many = rows.values()
+    print(f"\nprocesses / threads = {many['tokens_per_s'] / one['tokens_per_s']:.2f}")
+    print(json.dumps({"threads_tokens_per_s": round(one["tokens_per_s"], 1),
+                      "processes_tokens_per_s": round(many["tokens_per_s"], 1),
+                      "processes_over_threads": round(many["tokens_per_s"] / one["tokens_per_s"], 3),
+                      "threads_peak_gb": round(one["peak_gb"], 2), "processes_peak_gb": round(many["peak_gb"], 2),
+                      "load_average": round(load[0], 2)}))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(REPO / "train/recipes/smollm2-135m/sft.yaml"))
@@ -127,11 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-omp", action="store_true",
                     help="time the sft side under OMP_WAIT_POLICY=PASSIVE and ACTIVE instead of sft against bare")
     ap.add_argument("--repeats", type=int, default=2, help="with --compare-omp: PASSIVE/ACTIVE pairs, in alternation")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="time the sft side as 1 process against N data-parallel processes (torchrun, gloo)")
     ap.add_argument("--side", choices=("sft", "bare"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.side:
         print("RESULT " + json.dumps(run_side(args.side, args.config, args.dataset, args.steps)))
         return 0
+    if args.processes > 1:
+        return compare_processes(args)
 
     def side_process(side: str, env: dict[str, str] | None = None) -> dict:
         proc = subprocess.run([sys.executable, __file__, "--side", side, "--config", args.config, "--dataset", args.dataset,
