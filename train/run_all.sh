@@ -44,8 +44,8 @@
 # kill -9, a crash) runs again with the same command, and its own tool resumes what it keeps: the data and
 # mine stages from their journals, the trainers from their last checkpoint, the mechanism from its groups
 # journal, the drills evaluation model by model (a model whose metrics.json exists is skipped; one
-# interrupted midway starts over), the 9B evaluation from Harbor's job folders. So after any interruption:
-# run it again.
+# interrupted midway resumes from its journal.jsonl), the 9B evaluation from Harbor's job folders. So after
+# any interruption: run it again.
 # --force re-runs the selected stages from scratch (their outputs are deleted first).
 #
 # The helper train/stages.py runs each stage (timing, peak memory, logs, resume records) and writes the
