@@ -120,3 +120,26 @@ def test_multistage_states_with_smollm2(tmp_path):
     assert info["n_tasks"] >= info["n_states"] == 1 and info["pass_at_1_from_start"]["n"] >= 1
     r = results["models"]["base"]["recovery_at_1"]["multistage_own"]
     assert r["n"] + results["models"]["base"]["infra_faults"]["multistage_own"] == 1
+
+
+def test_kept_states_let_a_later_run_add_a_model(tmp_path, monkeypatch):
+    """``--keep-states``: the snapshots outlive the run, so a model added later recovers from the very same states
+    (paired with the first run's models) instead of a rebuilt set."""
+    tasks = tmp_path / "drills"
+    generate_drills(tasks, 0, 4, families=["mkdir-parent", "exec-bit", "off-by-one"], ood_families=[])
+    fams = eval_drills.multistage_families(tasks)
+    ms = generate_multistage(tmp_path / "ms", eval_drills.MULTISTAGE_SEED, 4, families=fams)
+    part = {i: {load_task(t.path).instruction.strip(): stage_parts(t.path)[i]["solution"] for t in ms} for i in (0, 1)}
+    policies = {"part1": lambda: _stage_policy(part[0], "part1"), "part2": lambda: _stage_policy(part[1], "part2")}
+    monkeypatch.setattr(eval_drills, "load_policy", lambda spec, **kw: policies[spec]())
+    out = tmp_path / "eval"
+    common = ["--tasks", str(tasks), "--output", str(out), "--max-id", "0", "--max-ood", "0", "--max-states", "0",
+              "--own-items", "0", "--k-max", "1", "--max-turns", "8", "--batch", "8", "--multistage-states", "2"]
+    assert eval_drills.main([*common, "--model", "sft=part1", "--keep-states"]) == 0
+    built = json.loads((out / "multistage" / "states.json").read_text())
+    assert not built.get("released")  # every model is done, and the states are kept
+    monkeypatch.setattr(eval_drills, "build_multistage_states", None)  # a rebuild would fail here
+    assert eval_drills.main([*common, "--model", "sft=part1", "--model", "grpo-reterm=part2"]) == 0
+    d = json.loads((out / "results.json").read_text())["differences"]["grpo-reterm - sft"]
+    assert d["recovery_at_1/multistage_own"]["n"] == 2 and d["recovery_at_1/multistage_own"]["diff"] == 1.0
+    assert json.loads((out / "multistage" / "states.json").read_text())["released"]  # released without the flag

@@ -513,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Recovery@1 from N own failure states of the --states-from model on held-out two-stage drills "
                         "(0: off). Cost: the state model's attempts from the task start until N failed (1.3 N "
                         "tasks first, more when it passes many, at most 4 N), once, plus N recovery attempts per model")
+    p.add_argument("--keep-states", action="store_true",
+                   help="keep the two-stage failure states' snapshots when every model is done (by default they are "
+                        "released to free the disk; kept, a later run that adds a --model recovers from the very same "
+                        "states instead of building them again)")
     p.add_argument("--states-from", default="sft", metavar="NAME",
                    help="the evaluated model whose own failed attempts make the two-stage states (default sft; "
                         "if no model has that name, the first --model)")
@@ -585,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
     finally:
         release(injected[0])
-    if all((a.output / n / "metrics.json").exists() for n in models):
+    if not a.keep_states and all((a.output / n / "metrics.json").exists() for n in models):
         release_multistage(ms_dir)  # every model recovered from them: their snapshots go
     ms_file = ms_dir / "states.json"
     ms_info = None
