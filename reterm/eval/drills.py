@@ -495,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", required=True, type=Path)
     p.add_argument("--model", action="append", required=True, metavar="NAME=SPEC",
-                   help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order)")
+                   help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order). Paired "
+                        "differences are reported for the names base, sft, grpo-standard and grpo-reterm (PAIRS)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
