@@ -125,6 +125,17 @@ def run_side(side: str, config: str, dataset: str, steps: int) -> dict:
     return {"side": side, "tokens": tokens[0], "seconds": seconds, "tokens_per_s": tokens[0] / seconds, "peak_gb": peak_gb}
 
 
+def run_results(cmd: list[str], env: dict[str, str] | None, label: str) -> list[dict]:
+    """Run ``cmd`` (in the repository, with ``env``) and return the JSON of each of its ``RESULT`` lines (one per
+    process it starts). Raises ``SystemExit`` naming ``label``, with the output's tail, when it fails or prints none."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    found = [json.loads(ln[len("RESULT "):]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not found:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"{label}: failed (exit {proc.returncode})")
+    return found
+
+
 def compare_processes(args: argparse.Namespace) -> int:
     """The sft side as one process (every thread) and as ``args.processes`` torchrun processes; prints a table."""
     cpus = os.cpu_count() or 1
@@ -139,11 +150,7 @@ def compare_processes(args: argparse.Namespace) -> int:
     }  # fmt: skip
     rows = {}
     for label, (cmd, run_env) in runs.items():
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=run_env)
-        found = [json.loads(ln[len("RESULT "):]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not found:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise SystemExit(f"{label}: failed (exit {proc.returncode})")
+        found = run_results(cmd, run_env, label)
         seconds = max(r["seconds"] for r in found)
         tokens = sum(r["tokens"] for r in found)
         rows[label] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
@@ -184,14 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         return compare_processes(args)
 
     def side_process(side: str, env: dict[str, str] | None = None) -> dict:
-        proc = subprocess.run([sys.executable, __file__, "--side", side, "--config", args.config, "--dataset", args.dataset,
-                               "--steps", str(args.steps)],
-                              capture_output=True, text=True, cwd=REPO, env=env)  # fmt: skip
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise SystemExit(f"{side}: failed (exit {proc.returncode})")
-        return json.loads(line[len("RESULT "):])
+        cmd = [sys.executable, __file__, "--side", side, "--config", args.config, "--dataset", args.dataset,
+               "--steps", str(args.steps)]  # fmt: skip
+        return run_results(cmd, env, side)[0]
 
     if args.compare_omp:
         runs: dict[str, list[float]] = {"PASSIVE": [], "ACTIVE": []}
