@@ -23,6 +23,7 @@ from reterm.trajectory import Outcome
 TASK = Path(__file__).parent / "fixtures" / "tasks" / "hello-file"
 SOLVE = 'echo "Hello, world!" > /app/hello.txt'
 FORK_BOMB = ":(){ :|:& };:"
+PIDS_HOG = "while :; do sleep 600 & done"  # holds every pid it gets: no race with the forks dying out
 RM_ROOT = "rm -rf --no-preserve-root / 2>/dev/null; echo gone"
 REPLACE_LOGS = "rm -rf /logs && echo mine > /logs"
 
@@ -48,13 +49,28 @@ def test_fork_bomb_is_an_agent_failure_with_the_command_recorded():
     """The fork bomb's own command is a step. Its background forks can exhaust the pids limit after
     the shell has already returned (a race that depends on the host's load): then the breakage shows on
     the next command, or only at the probe before the verifier once the agent has submitted (the
-    ``None`` step); every order is scored as the agent's failure, with the pids limit named."""
+    ``None`` step); every such order is scored as the agent's failure, with the pids limit named.
+    Under load the forks can also die out before anything else needed a process (seen once in CI,
+    through Harbor): then nothing is broken, the task's own command passes and the attempt is the
+    success it is, like a memory hog that was OOM-killed."""
     traj, health = _episode([FORK_BOMB, SOLVE])
     ran = [s.command for s in traj.steps]
+    assert "pids" in health.limits_hit and health.alive
+    if traj.outcome is Outcome.SUCCESS:  # the forks died out: nothing was left broken
+        assert ran == [FORK_BOMB, SOLVE] and traj.reward == 1.0 and BROKEN_KEY not in traj.metadata
+        return
     assert ran in ([FORK_BOMB], [FORK_BOMB, SOLVE], [FORK_BOMB, SOLVE, None]), ran
     _assert_broken(traj, ran, "the sandbox ran out of pids")
     if ran[-1] is not None:  # seen while a command ran: that step says so
         assert traj.steps[-1].observation.startswith("[the sandbox stopped working:")
+
+
+def test_holding_every_pid_is_an_agent_failure_with_the_command_recorded():
+    """Background processes that keep the pids the agent's loop took: the terminal cannot run its next
+    command, so the attempt is the agent's failure at the command that did it, the pids limit named."""
+    traj, health = _episode([PIDS_HOG, SOLVE])
+    _assert_broken(traj, [PIDS_HOG], "the sandbox ran out of pids")
+    assert traj.steps[-1].observation.startswith("[the sandbox stopped working:")
     assert "pids" in health.limits_hit and health.alive
 
 
@@ -113,13 +129,14 @@ def test_a_sandbox_ended_by_the_host_stays_an_infrastructure_fault():
 
 @pytest.mark.slow
 def test_evaluation_report_counts_what_the_agent_broke_as_failures(tmp_path):
-    """Real Harbor trials (ReTermAgent replaying each task's solve.sh on the local sandbox): a fork
-    bomb, `rm -rf /` and a replaced /logs make Harbor's own verifier fail afterwards, and the report
-    scores them as agent failures, not infrastructure faults."""
+    """Real Harbor trials (ReTermAgent replaying each task's solve.sh on the local sandbox): processes
+    holding every pid, `rm -rf /` and a replaced /logs leave a sandbox the verifier cannot use, and the
+    report scores them as agent failures, not infrastructure faults. (The pids case holds its pids:
+    a classic fork bomb can die out before the verifier runs, see the fork-bomb test.)"""
     from reterm.eval.metrics import load_job, summarize
 
     dataset = tmp_path / "tasks"
-    for name, command in (("bomb", FORK_BOMB), ("rmroot", RM_ROOT), ("logs", REPLACE_LOGS)):
+    for name, command in (("pids", PIDS_HOG), ("rmroot", RM_ROOT), ("logs", REPLACE_LOGS)):
         task = dataset / f"hello-{name}"
         shutil.copytree(TASK, task)
         (task / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{command}\n{SOLVE}\n")
