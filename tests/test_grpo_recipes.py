@@ -128,3 +128,37 @@ def test_entry_scripts_name_a_missing_model_or_dataset(script, missing, tmp_path
     with pytest.raises(ValueError, match=f"^{missing} is not set"):
         module.main(["--config", str(path), "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_seed_failure_sources_keeps_only_those_records_in_the_reterm_pool(tmp_path):
+    """``--seed_failure_sources`` filters the records that seed ReTerm-GRPO's pool by ``failure_source``
+    (the fixture's injected states, half relabelled ``own``); an unknown source names itself; standard
+    mode starts from task starts and ignores it."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from reterm.policies.smollm2 import embedded_model_path
+
+    grpo = _grpo_script()
+    rows = pd.read_parquet(REPO / "tests" / "fixtures" / "grpo_seed" / "data" / "train-00000-of-00001.parquet")
+    rows.loc[rows.index[::2], "failure_source"] = "own"
+    (tmp_path / "data").mkdir()
+    rows.to_parquet(tmp_path / "data" / "train-00000-of-00001.parquet")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    task_dirs = [str(REPO / d) for d in grpo.CHECK_TASK_DIRS]
+
+    def pool(*extra):
+        argv = ["--config", str(RECIPES / "smollm2-135m" / "grpo.yaml"), "--dataset_name", str(tmp_path / "data"),
+                "--seed_tasks", "", "--task_dirs", *task_dirs, *extra]  # fmt: skip
+        script, args = grpo.parse_args(argv)[:2]
+        return grpo.build_pool(script, args, tokenizer)
+
+    everything = pool()
+    own = pool("--seed_failure_sources", "own")
+    both = pool("--seed_failure_sources", "own", "injected")
+    assert {s.state_source.value for s in own.seeds} == {"own"}
+    assert len(own) + len(pool("--seed_failure_sources", "injected")) == len(both) == len(everything) > len(own) > 0
+    with pytest.raises(ValueError, match=r"seed_failure_sources: \['task_start'\]"):
+        pool("--seed_failure_sources", "task_start")
+    standard = pool("--mode", "standard", "--seed_failure_sources", "own")
+    assert {s.state_source.value for s in standard.seeds} == {"task_start"}

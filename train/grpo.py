@@ -38,6 +38,7 @@ from typing import Any
 from trl import ModelConfig, ScriptArguments, TrlParser
 
 from reterm.precision import resolve_training_bf16
+from reterm.recovery.state import Source
 from reterm.training.check import as_cli_args, check_overrides
 from reterm.training.failure_pool import FailurePool, PoolState, seed_states_from_records, task_start_states
 from reterm.training.grpo_config import ReTermGRPOConfig
@@ -56,6 +57,7 @@ from reterm.training.sft_data import load_records
 REPO = Path(__file__).resolve().parents[1]
 CHECK_DATASET = REPO / "tests" / "fixtures" / "grpo_seed"
 CHECK_TASK_DIRS = ["tasks", "tests/fixtures/tasks"]
+SEED_FAILURE_SOURCES = (Source.OWN.value, Source.INJECTED.value)  # a record's failure_source, task starts aside
 
 
 @dataclass
@@ -73,6 +75,12 @@ class GRPOScriptArguments(ScriptArguments):
         metadata={"help": "Only the records of tasks whose id matches this shell pattern seed the pool (e.g. "
                           "'multi-*': the two-stage train drills); standard mode then starts from those tasks too, "
                           "so both arms train on the same tasks."},
+    )
+    seed_failure_sources: list[str] | None = field(
+        default=None,
+        metadata={"help": "Only records whose failure_source is one of these seed the pool: 'own' (a policy's own "
+                          "failed attempt, mined or from the data stage) and/or 'injected' (a scripted or perturbed "
+                          "one); default: both. ReTerm mode only: standard mode starts from the tasks' starts."},
     )
     merge_adapter: bool = field(
         default=False, metadata={"help": "After a LoRA run, also write a merged full checkpoint to output_dir/merged."}
@@ -155,6 +163,15 @@ def build_pool(script_args: GRPOScriptArguments, args: ReTermGRPOConfig, tokeniz
         records = records.filter(lambda r: fnmatch.fnmatchcase(r["task_id"] or "", pattern))
         if not len(records):
             raise ValueError(f"{script_args.dataset_name}: no record of a task matching seed_tasks={pattern!r}")
+    if script_args.seed_failure_sources and args.mode == "reterm":
+        wanted = set(script_args.seed_failure_sources)
+        if unknown := wanted - set(SEED_FAILURE_SOURCES):
+            raise ValueError(f"seed_failure_sources: {sorted(unknown)} not among {SEED_FAILURE_SOURCES}")
+        before = len(records)
+        records = records.filter(lambda r: r["failure_source"] in wanted)
+        print(f"[grpo] seed_failure_sources={sorted(wanted)}: {len(records)} of {before} records", file=sys.stderr)
+        if not len(records):
+            raise ValueError(f"{script_args.dataset_name}: no record with failure_source in {sorted(wanted)}")
     seeds, skipped = seed_states_from_records(records, args.task_dirs)
     print(f"[grpo] {len(seeds)} failure states from {len(records)} records of {script_args.dataset_name}"
           + (f"; skipped {dict(skipped)}" if skipped else ""), file=sys.stderr)  # fmt: skip
