@@ -143,3 +143,9 @@ def test_kept_states_let_a_later_run_add_a_model(tmp_path, monkeypatch):
     d = json.loads((out / "results.json").read_text())["differences"]["grpo-reterm - sft"]
     assert d["recovery_at_1/multistage_own"]["n"] == 2 and d["recovery_at_1/multistage_own"]["diff"] == 1.0
     assert json.loads((out / "multistage" / "states.json").read_text())["released"]  # released without the flag
+    # any two evaluated names can be paired: a re-run evaluates nothing and adds the difference
+    both = [*common, "--model", "sft=part1", "--model", "grpo-reterm=part2"]
+    assert eval_drills.main([*both, "--pair", "sft:grpo-reterm"]) == 0
+    d = json.loads((out / "results.json").read_text())["differences"]["sft - grpo-reterm"]
+    assert d["recovery_at_1/multistage_own"]["n"] == 2 and d["recovery_at_1/multistage_own"]["diff"] == -1.0
+    assert eval_drills.main([*both, "--pair", "sft:standard"]) == 2  # a name that was not evaluated

@@ -399,12 +399,13 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     return res
 
 
-def compare(out: Path, names: list[str]) -> dict[str, Any]:
-    """Paired bootstrap differences for :data:`PAIRS` over the items both models scored, each with its power
-    (:func:`reterm.stats.paired_power`: the smallest difference detectable with 80% power at that n)."""
+def compare(out: Path, names: list[str], pairs: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """Paired bootstrap differences ``model - base`` for :data:`PAIRS` and the extra ``pairs``, over the items
+    both models scored, each with its power (:func:`reterm.stats.paired_power`: the smallest difference
+    detectable with 80% power at that n). Returns ``{"model - base": {metric key: difference}}``."""
     per = {n: json.loads((out / n / "per_item.json").read_text()) for n in names if (out / n / "per_item.json").exists()}
     diffs: dict[str, Any] = {}
-    for model, base in PAIRS:
+    for model, base in dict.fromkeys([*PAIRS, *(pairs or [])]):
         if model not in per or base not in per:
             continue
         for key in per[model]:
@@ -496,7 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, type=Path)
     p.add_argument("--model", action="append", required=True, metavar="NAME=SPEC",
                    help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order). Paired "
-                        "differences are reported for the names base, sft, grpo-standard and grpo-reterm (PAIRS)")
+                        "differences are reported for the names base, sft, grpo-standard and grpo-reterm (PAIRS) "
+                        "and for each --pair")
+    p.add_argument("--pair", action="append", default=[], metavar="MODEL:BASE",
+                   help="also report the paired difference MODEL - BASE of two --model names (repeatable)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
@@ -534,6 +538,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eval.drills: --model {m!r}: expected NAME=SPEC", file=sys.stderr)
             return 2
         models[name] = spec
+    pairs: list[tuple[str, str]] = []
+    for pair in a.pair:
+        model, sep, base = pair.partition(":")
+        if not sep or model not in models or base not in models:
+            print(f"eval.drills: --pair {pair!r}: expected MODEL:BASE, two of the --model names {list(models)}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        pairs.append((model, base))
     try:
         splits = read_splits(a.tasks)
     except (FileNotFoundError, ValueError) as exc:
@@ -597,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.multistage_states > 0 and ms_file.is_file():
         ms_info = {k: v for k, v in json.loads(ms_file.read_text()).items() if k not in ("items", "released")}
     results = {"models": {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models},
-               "differences": compare(a.output, list(models)),
+               "differences": compare(a.output, list(models), pairs),
                "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs),
                          "injected_states": len(injected[1]) if todo else None},
                "multistage_states": ms_info,
