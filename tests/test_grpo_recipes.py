@@ -43,6 +43,8 @@ def test_cpu_recipes_parse_with_the_same_budget(name):
         4, 15, 5, 96, 768)  # fmt: skip
     assert args.generation_batch_size == 8 and args.use_cpu and args.bf16  # autocast where the CPU has bf16
     assert script.seed_tasks == "multi-*"  # both arms on the two-stage train drills
+    # ReTerm's seed states: the injected failed attempts there (the standard arm starts from the tasks' starts)
+    assert script.seed_failure_sources == (None if "standard" in name else ["injected"])
     # one attempt per micro-batch (peak memory), two whole groups per optimiser step, generated together
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation) == (1, 8, 8)
     assert (args.skip_equal_after, args.skip_equal_explore) == (2, 0.2)  # the same skipping rule in both arms
@@ -153,11 +155,12 @@ def test_seed_failure_sources_keeps_only_those_records_in_the_reterm_pool(tmp_pa
         script, args = grpo.parse_args(argv)[:2]
         return grpo.build_pool(script, args, tokenizer)
 
-    everything = pool()
+    recipe = pool()  # the CPU recipe's own setting: injected only
     own = pool("--seed_failure_sources", "own")
     both = pool("--seed_failure_sources", "own", "injected")
     assert {s.state_source.value for s in own.seeds} == {"own"}
-    assert len(own) + len(pool("--seed_failure_sources", "injected")) == len(both) == len(everything) > len(own) > 0
+    assert {s.state_source.value for s in recipe.seeds} == {"injected"}
+    assert len(own) + len(recipe) == len(both) == len(rows) and len(own) > 0 and len(recipe) > 0
     with pytest.raises(ValueError, match=r"seed_failure_sources: \['task_start'\]"):
         pool("--seed_failure_sources", "task_start")
     standard = pool("--mode", "standard", "--seed_failure_sources", "own")

@@ -28,8 +28,9 @@
 #   mine           (embedded default) the paper's second round: the SFT model's own failed attempts on the
 #                  train drills, recovered and verified, added to a copy of the dataset: a new version in its
 #                  own folder (RUN/data, which SFT trained on, is never rewritten) -> RUN/data-mined
-#   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from the agent's own failure
-#                  states (seeded from RUN/data-mined on the embedded default) -> RUN/grpo-reterm
+#   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from failure states (seeded on the
+#                  embedded default from the two-stage drills' injected failed attempts in RUN/data-mined, then
+#                  the policy's own failed attempts online)                    -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
 #   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 and Recovery@1 on held-out drills (in- and
@@ -221,7 +222,8 @@ case "$RECIPE:$SIZE" in
     DRILL_SIZE=(--per-family 32 --multistage 48)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 16)
     # the mine stage: the SFT model also attempts every two-stage train drill (8 turns): its own failed attempts
-    # there are ReTerm-GRPO's seed states (the recipes train on multi-*)
+    # there are recovered and kept as records (the CPU GRPO recipe seeds from the injected ones only:
+    # seed_failure_sources in grpo.yaml)
     MINE_SIZE=(--own-multistage 48)
     SFT_SIZE=()
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
