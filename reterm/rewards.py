@@ -77,3 +77,30 @@ def scalar_reward(rewards: Mapping[str, Any] | float | int | None, source: str) 
     if not math.isfinite(value) or not REWARD_MIN <= value <= REWARD_MAX:
         raise RewardError(f"{source}: reward {key!r} is {value!r}, outside [{REWARD_MIN:g}, {REWARD_MAX:g}]")
     return value
+
+
+def training_reward(reward: float, submitted: bool, unsubmitted_scale: float = 1.0) -> float:
+    """The reward GRPO trains on: the verifier's reward, scaled down for an attempt that never submitted.
+
+    Args:
+        reward: the verifier's checked scalar reward (:func:`scalar_reward`), in ``[0, 1]``.
+        submitted: whether the attempt ended with the agent's own ``submit`` (not the turn limit, the time
+            budget or the parse-error stop).
+        unsubmitted_scale: the factor in ``[0, 1]`` for an attempt that did not submit. ``1.0`` trains on the
+            verifier's reward alone (the default); ``0.5`` ranks a pass the agent declared above one it reached
+            by running out of turns, while both stay above a failure.
+
+    Returns:
+        ``reward`` if ``submitted`` else ``reward * unsubmitted_scale``.
+
+    Raises:
+        ValueError: ``unsubmitted_scale`` outside ``[0, 1]``.
+
+    Why: with the 0/1 verifier reward alone nothing favours ending an attempt, and the CPU ReTerm-GRPO run of
+    2026-12-05 stopped submitting (3 of 150 recovery attempts submitted; issue 30). Terminal-Bench gives an agent
+    that never declares done only its timeout, so the habit costs time there. Evaluation always scores the
+    verifier's reward as is.
+    """
+    if not 0.0 <= unsubmitted_scale <= 1.0:
+        raise ValueError(f"unsubmitted_reward_scale: {unsubmitted_scale} is not in [0, 1]")
+    return reward if submitted else reward * unsubmitted_scale

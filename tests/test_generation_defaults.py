@@ -63,6 +63,9 @@ def test_every_harness_defaults_to_the_shared_values():
     assert cfg.max_turn_tokens == g.MAX_TURN_TOKENS
     assert cfg.max_consecutive_parse_errors == RolloutSettings().max_consecutive_parse_errors == g.MAX_CONSECUTIVE_PARSE_ERRORS
     assert g.policy_defaults("smollm2") == {"temperature": 0.0, "max_new_tokens": g.MAX_TURN_TOKENS}
+    assert cfg.unsubmitted_reward_scale == RolloutSettings().unsubmitted_reward_scale == 1.0  # the verifier's reward
+    with pytest.raises(ValueError, match=r"unsubmitted_reward_scale: 1.5 is not in \[0, 1\]"):
+        ReTermGRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, report_to=[], unsubmitted_reward_scale=1.5)
     assert g.policy_defaults("oracle", tasks="x") == {"tasks": "x"}
 
 

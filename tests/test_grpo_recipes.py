@@ -79,7 +79,9 @@ def _check_run(recipe: Path, out: Path) -> Path:
     summary = json.loads((done / "training_summary.json").read_text())
     assert summary["steps"] == 1 and summary["check_run"] and summary["attempts"] == 2
     assert (done / "curves.csv").is_file() and (done / "curves.png").stat().st_size > 1000
-    assert "reterm/zero_variance_group_share" in (done / "curves.csv").read_text().splitlines()[0]
+    header = (done / "curves.csv").read_text().splitlines()[0]
+    assert "reterm/zero_variance_group_share" in header and "reterm/submitted_share" in header
+    assert 0 <= summary["submitted_attempts"] <= summary["scored_attempts"]
     return done
 
 

@@ -71,3 +71,28 @@ def test_groups_fork_the_state_and_drop_diverged_replays(states, policy, fork_me
     assert [a.mask_reason for a in dropped.attempts] == ["dropped:diverged"] * 2
     assert all(a.reward is None and sum(a.tokens.env_mask) == 0 for a in dropped.attempts)
     assert live_boxes() == []
+
+
+def test_a_pass_without_submit_trains_on_the_scaled_reward(states):
+    """unsubmitted_reward_scale: an attempt that passes the verifier but ends at the turn limit without submitting
+    trains on reward x scale; one that submits keeps the verifier's reward; the outcome stays a success."""
+    tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("smollm2"))
+
+    def never_submits(chain_id: int, messages: list[dict]) -> str:
+        return bash_call("pwd")
+
+    def submits(chain_id: int, messages: list[dict]) -> str:
+        return submit_call()
+
+    rewards = {}
+    for name, reply in (("never", never_submits), ("submit", submits)):
+        policy = TokenTrajectoryPolicy(tok, scripted_generate_fn(tok, reply), max_turn_tokens=32, max_completion_tokens=512)
+        engine = RolloutEngine(RolloutSettings(max_turns=2, environment="local", fork_method="replay",
+                                               unsubmitted_reward_scale=0.5))  # fmt: skip
+        (group,) = run(engine.run(policy, [(states[1], 2, 0)]))
+        assert [a.outcome for a in group.attempts] == ["success", "success"]
+        stops = {a.trajectory.stop_reason for a in group.attempts}
+        assert stops == ({"max_turns"} if name == "never" else {"submitted"})
+        rewards[name] = [a.reward for a in group.attempts]
+    assert rewards == {"never": [0.5, 0.5], "submit": [1.0, 1.0]}
+    assert live_boxes() == []

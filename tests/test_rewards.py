@@ -12,7 +12,7 @@ import pytest
 
 from reterm.agent.episode import run_episode, run_verifier
 from reterm.policies.scripted import ScriptedPolicy
-from reterm.rewards import RewardError, scalar_reward
+from reterm.rewards import RewardError, scalar_reward, training_reward
 from reterm.sandbox.local import LocalEnvironment
 from reterm.trajectory import Outcome
 
@@ -85,3 +85,12 @@ def test_task_verification_keeps_the_reward_of_an_agent_timeout(tmp_path):
     outcome = asyncio.run(run_trial(load_task(task), "oracle", tmp_path / "trials"))
     assert outcome.reward == 1.0 and outcome.error is None, outcome
     assert "AgentTimeoutError" in (tmp_path / "trials" / Path(outcome.trial_dir).name / "result.json").read_text()
+
+
+def test_training_reward_scales_only_attempts_that_never_submitted():
+    assert training_reward(1.0, submitted=True, unsubmitted_scale=0.5) == 1.0
+    assert training_reward(1.0, submitted=False, unsubmitted_scale=0.5) == 0.5
+    assert training_reward(0.0, submitted=False, unsubmitted_scale=0.5) == 0.0
+    assert training_reward(1.0, submitted=False) == 1.0  # default: the verifier's reward alone
+    with pytest.raises(ValueError, match="unsubmitted_reward_scale: 1.5"):
+        training_reward(1.0, submitted=False, unsubmitted_scale=1.5)

@@ -247,13 +247,14 @@ def build_summary(script_args, args: ReTermGRPOConfig, model_args, trainer, pool
                                           "gradient_accumulation_steps", "max_steps", "max_turns", "max_turn_tokens",
                                           "max_completion_length", "temperature", "beta", "loss_type", "scale_rewards",
                                           "online_state_fraction", "online_states_from", "pool_refresh_steps", "dynamic_sampling",
-                                          "skip_equal_after", "seed")
+                                          "skip_equal_after", "unsubmitted_reward_scale", "seed")
         } | {"world_size": args.world_size},
         "steps": trainer.state.global_step,
         "train_runtime_s": end.get("train_runtime"),
         "first_reward": logs[0]["reward"] if logs else None,
         "final_reward": logs[-1]["reward"] if logs else None,
         "attempts": int(t["attempts"]), "scored_attempts": int(t["scored"]), "passed_attempts": int(t["passed"]),
+        "submitted_attempts": int(t["submitted"]),
         "infra_fault_attempts": int(t["infra"]),
         "dropped_groups": {k[len("dropped_"):]: int(v) for k, v in t.items() if k.startswith("dropped_")},
         "zero_variance_groups": int(t["zero_variance_groups"]), "groups": int(t["groups"]),

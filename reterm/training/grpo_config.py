@@ -61,6 +61,10 @@ class ReTermGRPOConfig(GRPOConfig):
             Wall time of one attempt (model + commands); `None`: the task's `[agent] timeout_sec`.
         max_consecutive_parse_errors (`int` or `None`, *optional*, defaults to `reterm.generation.MAX_CONSECUTIVE_PARSE_ERRORS`):
             End an attempt after this many replies in a row without a valid action.
+        unsubmitted_reward_scale (`float`, *optional*, defaults to `1.0`):
+            The trained reward of an attempt that ended without the agent's `submit` (turn limit, time budget,
+            parse errors) is the verifier's reward times this (`reterm.rewards.training_reward`); `1.0`: the
+            verifier's reward alone. Evaluation never scales.
         online_state_fraction (`float`, *optional*, defaults to `0.5`):
             ReTerm mode: probability that a group starts from a failure state of the current policy's own failed
             attempts (the online part of the pool) instead of a seed state of the dataset, once online states
@@ -125,6 +129,9 @@ class ReTermGRPOConfig(GRPOConfig):
     max_consecutive_parse_errors: int | None = field(
         default=MAX_CONSECUTIVE_PARSE_ERRORS, metadata={"help": "End an attempt after this many invalid replies in a row."}
     )
+    unsubmitted_reward_scale: float = field(
+        default=1.0, metadata={"help": "Trained reward of an attempt that never submitted: verifier reward x this."}
+    )
     online_state_fraction: float = field(
         default=0.5, metadata={"help": "Share of groups drawn from the policy's own new failure states."}
     )
@@ -160,6 +167,8 @@ class ReTermGRPOConfig(GRPOConfig):
         if self.skip_equal_after < 0 or not 0.0 <= self.skip_equal_explore <= 1.0:
             raise ValueError(f"skip_equal_after must be >= 0 (got {self.skip_equal_after}) and skip_equal_explore "
                              f"in [0, 1] (got {self.skip_equal_explore})")
+        if not 0.0 <= self.unsubmitted_reward_scale <= 1.0:
+            raise ValueError(f"unsubmitted_reward_scale: {self.unsubmitted_reward_scale} is not in [0, 1]")
         if not 0.0 <= self.online_state_fraction <= 1.0:
             raise ValueError(f"online_state_fraction: {self.online_state_fraction} is not in [0, 1]")
         if self.online_states_from not in ONLINE_STATES_FROM:

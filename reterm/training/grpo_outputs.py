@@ -62,6 +62,7 @@ def write_grpo_curves(log_history: list[dict[str, Any]], out_dir: str | Path, ti
         (axes[0][0], "reward", [("reward", "reward (verifier)"), ("reterm/reward_mean", "reward, scored attempts")]),
         (axes[0][1], "recovery rate", [(c, c.split("/")[-1]) for c in columns if c.startswith("reterm/recovery_rate/")]),
         (axes[0][2], "share", [("reterm/zero_variance_group_share", "zero-variance groups"),
+                               ("reterm/submitted_share", "attempts that submitted"),
                                ("reterm/infra_fault_share", "infrastructure faults"),
                                ("reterm/dropped_group_share", "dropped groups"),
                                ("reterm/skipped_microbatch_share", "skipped micro-batches (zero gradient)")]),
@@ -159,7 +160,7 @@ def read_rollout_file(path: str | Path) -> list[dict[str, Any]]:
 def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
     """Whole-run counts recomputed from the attempts written to ``output_dir/rollouts/`` (a resumed run's
     rounds before the resume included), with the keys of ``ReTermGRPOTrainer.totals``: ``groups``,
-    ``attempts``, ``scored``, ``passed``, ``infra``, ``zero_variance_groups``, ``dropped_<kind>``,
+    ``attempts``, ``scored``, ``passed``, ``submitted`` (scored attempts that ended with the agent's submit), ``infra``, ``zero_variance_groups``, ``dropped_<kind>``,
     ``signal_attempts`` (scored attempts in groups whose rewards differ: the ones with a gradient; also
     ``signal_attempts/<state source>`` beside ``scored/<state source>``),
     ``cat_attempts/<category>`` and ``cat_passed/<category>`` (ReTerm mode: the state's category; standard
@@ -194,6 +195,7 @@ def totals_from_rollouts(folder: str | Path, mode: str = "reterm") -> Counter:
                 passed = m["outcome"] == "success"
                 totals["scored"] += 1
                 totals["passed"] += passed
+                totals["submitted"] += (m.get("trajectory") or {}).get("stop_reason") == "submitted"
                 if mode == "standard" and m.get("trajectory"):
                     traj = Trajectory.model_validate(m["trajectory"])
                     cats = sorted({fs.category for fs in localise(traj, include_history=True).states})

@@ -44,6 +44,7 @@ from reterm.agent.protocol import DEFAULT_COMMAND_TIMEOUT_S
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS
 from reterm.policies.base import EndpointError
 from reterm.recovery.materialize import materialize
+from reterm.rewards import training_reward
 from reterm.sandbox.paths import pid_alive, proc_start_time
 from reterm.sandbox.snapshot import list_snapshots
 from reterm.training.failure_pool import PoolState, SnapshotCache
@@ -65,6 +66,7 @@ class RolloutSettings:
     command_timeout_s: float | None = None
     time_budget_s: float | None = None
     max_consecutive_parse_errors: int | None = MAX_CONSECUTIVE_PARSE_ERRORS
+    unsubmitted_reward_scale: float = 1.0
     environment: str = "local"
     fork_method: str = "snapshot"
 
@@ -292,8 +294,9 @@ class RolloutEngine:
                             trajectory=traj, tokens=tok, outcome=traj.outcome.value)  # fmt: skip
                 if traj.outcome.is_infra_fault:
                     a.mask_reason = "infra_fault"
-                else:
-                    a.reward = traj.reward
+                elif traj.reward is not None:
+                    a.reward = training_reward(traj.reward, traj.stop_reason == "submitted",
+                                               self.settings.unsubmitted_reward_scale)
                 out[k].attempts.append(a)
             for k, (gr, (state, n, _)) in enumerate(zip(out, groups)):
                 if gr.dropped is not None:

@@ -88,8 +88,9 @@ _MASKED_FILTER = _MaskedRewardLogFilter()
 
 
 def verifier_reward(completions: list[Any], verifier_reward: list[float | None] | None = None, **kwargs: Any) -> list[float | None]:
-    """The reward of each attempt: the task verifier's reward (0/1 for Terminal-Bench tasks), ``None`` for
-    attempts without a reward signal (infrastructure faults, dropped groups). Filled by the rollout."""
+    """The reward of each attempt: the task verifier's reward (0/1 for Terminal-Bench tasks), scaled by
+    ``unsubmitted_reward_scale`` for an attempt that never submitted (:func:`reterm.rewards.training_reward`);
+    ``None`` for attempts without a reward signal (infrastructure faults, dropped groups). Filled by the rollout."""
     if verifier_reward is None:
         raise ValueError("verifier_reward: the rollout did not provide the verifier's rewards")
     return list(verifier_reward)
@@ -164,6 +165,7 @@ class ReTermGRPOTrainer(GRPOTrainer):
             RolloutSettings(max_turns=args.max_turns, command_timeout_s=args.command_timeout_s,
                             time_budget_s=args.agent_time_budget_s,
                             max_consecutive_parse_errors=args.max_consecutive_parse_errors,
+                            unsubmitted_reward_scale=args.unsubmitted_reward_scale,
                             environment=args.environment, fork_method=args.resolved_fork_method),
             cache=self.snapshots, lookup=pool.by_id.get,
         )  # fmt: skip
@@ -431,6 +433,7 @@ class ReTermGRPOTrainer(GRPOTrainer):
                 s["scored"] += 1
                 s["reward"] += a.reward
                 s["passed"] += a.trajectory is not None and a.trajectory.passed
+                s["submitted"] += a.trajectory is not None and a.trajectory.stop_reason == "submitted"
                 if standard and a.trajectory is not None:
                     cats = {fs.category for fs in localise(a.trajectory, include_history=True).states}
                     s["categories"] += [(c, a.trajectory.passed) for c in sorted(cats)]
@@ -462,6 +465,8 @@ class ReTermGRPOTrainer(GRPOTrainer):
         div = lambda a, b: a / b if b else nan  # noqa: E731
         dropped = sum(v for k, v in total.items() if k.startswith("dropped_"))
         m["reterm/reward_mean"].append(div(total["reward"], total["scored"]))
+        m["reterm/pass_rate"].append(div(total["passed"], total["scored"]))
+        m["reterm/submitted_share"].append(div(total["submitted"], total["scored"]))
         m["reterm/zero_variance_group_share"].append(div(total["zero_variance_groups"], total["scored_groups"]))
         m["reterm/signal_attempt_share"].append(div(total["signal_attempts"], total["scored"]))
         m["reterm/infra_fault_share"].append(div(total["infra"], total["attempts"]))
