@@ -247,9 +247,10 @@ def build_summary(script_args, args: ReTermGRPOConfig, model_args, trainer, pool
                                           "gradient_accumulation_steps", "max_steps", "max_turns", "max_turn_tokens",
                                           "max_completion_length", "temperature", "beta", "loss_type", "scale_rewards",
                                           "online_state_fraction", "online_states_from", "pool_refresh_steps", "dynamic_sampling",
-                                          "skip_equal_after", "unsubmitted_reward_scale", "seed")
+                                          "skip_equal_after", "unsubmitted_reward_scale", "merged_generation", "seed")
         } | {"world_size": args.world_size},
         "steps": trainer.state.global_step,
+        "generation_copy_syncs": None if trainer.generation_copy is None else trainer.generation_copy.syncs,
         "train_runtime_s": end.get("train_runtime"),
         "first_reward": logs[0]["reward"] if logs else None,
         "final_reward": logs[-1]["reward"] if logs else None,

@@ -61,6 +61,11 @@ class ReTermGRPOConfig(GRPOConfig):
             Wall time of one attempt (model + commands); `None`: the task's `[agent] timeout_sec`.
         max_consecutive_parse_errors (`int` or `None`, *optional*, defaults to `reterm.generation.MAX_CONSECUTIVE_PARSE_ERRORS`):
             End an attempt after this many replies in a row without a valid action.
+        merged_generation (`bool`, *optional*, defaults to `False`):
+            Generate rollouts from a plain copy of the policy with its LoRA update merged in, in bf16 when `bf16`
+            (`reterm.training.generation_copy.MergedGenerationCopy`), re-synced after every optimiser step: what
+            TRL's vLLM path does, inside the process. Needs the kit's transformers generation (`kv_cache`, no
+            vLLM); costs one more copy of the weights.
         unsubmitted_reward_scale (`float`, *optional*, defaults to `1.0`):
             The trained reward of an attempt that ended without the agent's `submit` (turn limit, time budget,
             parse errors) is the verifier's reward times this (`reterm.rewards.training_reward`); `1.0`: the
@@ -128,6 +133,9 @@ class ReTermGRPOConfig(GRPOConfig):
     )
     max_consecutive_parse_errors: int | None = field(
         default=MAX_CONSECUTIVE_PARSE_ERRORS, metadata={"help": "End an attempt after this many invalid replies in a row."}
+    )
+    merged_generation: bool = field(
+        default=False, metadata={"help": "Generate from a merged (bf16 when bf16) copy of the policy, synced every step."}
     )
     unsubmitted_reward_scale: float = field(
         default=1.0, metadata={"help": "Trained reward of an attempt that never submitted: verifier reward x this."}
