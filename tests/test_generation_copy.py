@@ -76,3 +76,33 @@ def test_the_copy_predicts_what_the_lora_model_predicts(lora):
     assert gap(bf16) < 2 * gap(autocast) < 0.5 * gap(no_lora), (gap(bf16), gap(autocast), gap(no_lora))
     assert (bf16.argmax(-1) == ref.argmax(-1)).float().mean().item() > 0.9
     assert bf16[-1].argmax() == ref[-1].argmax()  # the first generated token
+
+
+def test_a_long_prompt_keeps_the_copy_close(lora):
+    """Positions near the rollouts' length (~1,500 tokens): the copy keeps the rotary frequencies in fp32, as
+    ``from_pretrained(dtype=bfloat16)`` does (cast to bf16 they are off by up to 2**-9 relative, a phase error
+    that grows with the distance), and its logits stay as close to the LoRA model's as its bf16 autocast."""
+    model, tok = lora
+    copy = MergedGenerationCopy(model, torch.bfloat16)
+    assert all(b.dtype == torch.float32 for n, b in copy.model.named_buffers() if "inv_freq" in n)
+    text = "\n".join(f"line {k}: ls -la /srv/data/part-{k} && cat /srv/data/part-{k}/README" for k in range(90))
+    ids = tok(text, return_tensors="pt")["input_ids"][:, :1500]
+    assert ids.shape[1] == 1500
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits[0, -200:]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = model(input_ids=ids).logits[0, -200:].float()
+        got = copy.model(input_ids=ids).logits[0, -200:].float()
+    gap = lambda x: (x - ref).abs().mean().item()  # noqa: E731
+    assert gap(got) < 2 * gap(autocast), (gap(got), gap(autocast))
+
+
+@pytest.mark.parametrize("extra, says", [({"use_dora": True}, "uses DoRA"),
+                                         ({"target_modules": ["q_proj", "embed_tokens"]}, "Embedding LoRA layer")])
+def test_adapters_that_do_not_merge_into_a_linear_weight_are_named(extra, says):
+    path = resolve_model_name_or_path("smollm2")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], **extra}
+    model = get_peft_model(model, LoraConfig(**config))
+    with pytest.raises(ValueError, match=f"merged_generation: .* {says}"):
+        MergedGenerationCopy(model, torch.bfloat16)

@@ -69,6 +69,7 @@ def _leftovers(marker: str) -> dict:
 
 @pytest.mark.slow
 def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
+    import torch
     from transformers import AutoModelForCausalLM
 
     from reterm.policies import load_policy
@@ -94,10 +95,15 @@ def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
         report_to="none", logging_steps=1, save_strategy="no", task_dirs=[str(task.parent)], online_state_fraction=1.0,
         chat_template_kwargs={"enable_thinking": False}, seed=3, skip_equal_after=1,
         online_states_from="signal_groups",  # the CPU recipe's: the seed group's rewards differ, so it gives one
+        merged_generation=True,  # the copy is synced (the scripted replies do not use it)
     )  # fmt: skip
     pool = FailurePool([seed], online_fraction=1.0, seed=3)
     trainer = ReTermGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), args, pool, processing_class=tok,
                                 generate_fn=scripted_generate_fn(tok, _reply))  # fmt: skip
+    _start_weight = next(p for p in trainer.model.parameters() if p.requires_grad).detach().clone()
+    copy, synced = trainer.generation_copy, []
+    sync = copy.sync
+    copy.sync = lambda policy: synced.append(next(p for p in policy.parameters() if p.requires_grad).detach().clone()) or sync(policy)
     outputs = []
     inner = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: outputs.append(inner(inputs)) or outputs[-1]
@@ -105,6 +111,10 @@ def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
     trainer.train()
 
     assert pool.equal_streak[seed.state_id] == 0  # its group's rewards differed: the trainer recorded it
+    # the merged copy: built with the start's weights, re-synced once, before step 2's rollout, with the new weights
+    assert copy.syncs == 2 and len(synced) == 1
+    first = next(p for p in copy.model.parameters())
+    assert torch.equal(first, synced[0].to(first.dtype)) and not torch.equal(synced[0], _start_weight)
     rounds = sorted((tmp_path / "out" / "rollouts").glob("round-*.jsonl"))
     assert len(rounds) == 2 and len(outputs) == 2
     rows = [json.loads(line) for line in rounds[0].read_text().splitlines()]
@@ -124,7 +134,6 @@ def test_reterm_grpo_steps_on_real_sandboxes(tmp_path):
     assert out["num_items_in_batch"].item() == sum(sum(m) for m in mask[:3])
 
     # --- a micro-batch whose advantages are all 0 has a zero gradient: skipped, same (zero) gradients as TRL's loss
-    import torch
     from trl import GRPOTrainer
 
     model = trainer.model

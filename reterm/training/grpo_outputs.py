@@ -59,7 +59,8 @@ def write_grpo_curves(log_history: list[dict[str, Any]], out_dir: str | Path, ti
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     panels = [
-        (axes[0][0], "reward", [("reward", "reward (verifier)"), ("reterm/reward_mean", "reward, scored attempts")]),
+        (axes[0][0], "reward", [("reward", "reward (trained)"), ("reterm/reward_mean", "reward, scored attempts"),
+                                 ("reterm/pass_rate", "verifier passes, scored attempts")]),
         (axes[0][1], "recovery rate", [(c, c.split("/")[-1]) for c in columns if c.startswith("reterm/recovery_rate/")]),
         (axes[0][2], "share", [("reterm/zero_variance_group_share", "zero-variance groups"),
                                ("reterm/submitted_share", "attempts that submitted"),
@@ -121,6 +122,7 @@ def rollout_rows(results: list[Any], step: int, generation_round: int) -> list[d
                 "step": step, "round": generation_round, "group": gr.group, "attempt": a.index,
                 "state_id": gr.state.state_id, "task_id": gr.state.task_id, "category": gr.state.category,
                 "state_source": gr.state.state_source.value, "pool_origin": gr.state.source, "dropped": gr.dropped, "reward": a.reward,
+                "verifier_reward": None if a.trajectory is None else a.trajectory.reward,
                 "outcome": a.outcome, "mask_reason": a.mask_reason, "environment_id": a.environment_id,
                 "tokens": None if a.tokens is None else {
                     "prompt": len(a.tokens.prompt_ids), "completion": len(a.tokens.completion_ids),
@@ -132,8 +134,9 @@ def rollout_rows(results: list[Any], step: int, generation_round: int) -> list[d
 
 def read_rollout_file(path: str | Path) -> list[dict[str, Any]]:
     """The attempt rows of one rollouts file (one JSON object per line, as ``ReTermGRPOTrainer`` writes
-    them: ``step``, ``round``, ``group``, ``attempt``, ``state_id``, ``task_id``, ``category``, ``reward``,
-    ``outcome``, ``mask_reason``, ``dropped``, ``tokens``, ``trajectory`` (a ``Trajectory`` dump or None)).
+    them: ``step``, ``round``, ``group``, ``attempt``, ``state_id``, ``task_id``, ``category``, ``reward`` (the
+    trained reward, :func:`reterm.rewards.training_reward`), ``verifier_reward`` (the verifier's; absent in files
+    written before it existed), ``outcome``, ``mask_reason``, ``dropped``, ``tokens``, ``trajectory`` (a ``Trajectory`` dump or None)).
 
     Raises:
         ValueError: naming the file and line of a line that is not a JSON object with an integer ``group``

@@ -17,8 +17,11 @@ is TRL's):
   are kept between its turns (:class:`reterm.policies.kv_cache.PrefixKVCache`), so a turn reads only the new
   observation tokens; the states are dropped at every rollout (the weights changed). ``merged_generation``
   generates from a plain copy of the policy with the LoRA update merged in, re-synced after every optimiser
-  step (:class:`reterm.training.generation_copy.MergedGenerationCopy`; on a CPU 2.7x faster decode steps).
-- **Rewards.** The verifier's reward (0/1). Infrastructure faults and dropped groups (a replay that
+  step (:class:`reterm.training.generation_copy.MergedGenerationCopy`; ``bench/grpo_generation.py``: 2.51x the
+  tokens/s on a CPU).
+- **Rewards.** The verifier's reward (0/1), times ``unsubmitted_reward_scale`` for an attempt that never
+  submitted (:func:`reterm.rewards.training_reward`; 1.0 by default): TRL's ``reward`` and ``reterm/reward_mean``
+  log this trained reward, ``reterm/pass_rate`` the verifier's passes. Infrastructure faults and dropped groups (a replay that
   diverged) return ``None``: TRL turns ``None`` into NaN, leaves those attempts out of the group's mean
   and std and sets their advantage to 0 (TRL 1.16 ``_generate_and_score_completions``); their
   ``env_mask`` is all 0 as well, so they carry **zero loss weight** (no policy-gradient, KL or entropy
@@ -121,8 +124,9 @@ class ReTermGRPOTrainer(GRPOTrainer):
 
     Raises:
         TypeError: ``args`` is not a [`ReTermGRPOConfig`].
-        ValueError: a multi-process set-up whose generation would deadlock (see the module docstring), or
-            ``dynamic_sampling`` with groups that span processes.
+        ValueError: a multi-process set-up whose generation would deadlock (see the module docstring),
+            ``dynamic_sampling`` with groups that span processes, or ``merged_generation`` without the kit's
+            transformers generation or with a PEFT layer that does not merge (DoRA, LoRA bias, embeddings).
     """
 
     _tag_names = ["trl", "grpo", "reterm"]
@@ -164,8 +168,8 @@ class ReTermGRPOTrainer(GRPOTrainer):
 
         self.kv_cache = PrefixKVCache(enabled=self._kv_reuse_possible(args))
         self.generation_copy: MergedGenerationCopy | None = None
-        self._copy_step: int | None = None
-        if args.merged_generation and generate_fn is None:
+        self._copy_step: int | None = self.state.global_step  # the constructor's sync holds this step's weights
+        if args.merged_generation:  # built with a generate_fn too (tests), where it is synced but not used
             if not self.kv_cache.enabled:
                 raise ValueError("merged_generation: needs the kit's transformers generation (kv_cache: true, no "
                                  "vLLM, no ZeRO-3/FSDP); vLLM keeps its own merged copy")  # fmt: skip
