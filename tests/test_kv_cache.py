@@ -175,3 +175,35 @@ def test_grpo_rollout_generation_matches_trl(tmp_path, model_name, rows):
     assert outputs[True] == outputs[False]
     hybrid = model_name.startswith("tiny-qwen")
     assert (trainer.kv_cache.reused_tokens > 0) == (rows == 1 or not hybrid)
+
+
+@pytest.mark.slow  # the real SmolLM2 (module fixture), two calls of 8 rows x 40 tokens
+def test_smollm2_early_release_same_tokens_and_logits(smol):
+    """Early release (rows that ended leave the batch, the others go on in a smaller call from the store) gives
+    the tokens and logits of one ``model.generate`` call. Rows end at their first period, so that they end at
+    different steps."""
+    tok, model = smol.tokenizer, smol.model
+    stops = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids(".")]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
+    asks = ["List the files.", "Why does make fail with a missing header? Explain in detail", "Say hi",
+            "Describe three ways to find large files on a Linux machine and compare them",
+            "Fix the permissions of /app/run.sh", "What is 2 + 2", "Write a long story about a terminal", "Run the tests"]
+    prompts = [tok.apply_chat_template(initial_messages(a), tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                       return_dict=False) for a in asks]  # fmt: skip
+    runs = {}
+    for release in (False, True):
+        kv = PrefixKVCache(early_release=release)
+        runs[release] = kv, kv.generate(model, [list(p) for p in prompts], max_new_tokens=40, stop_token_ids=stops,
+                                        pad_token_id=pad, output_logits=True)  # fmt: skip
+    (kv_plain, plain), (kv_rel, rel) = runs[False], runs[True]
+    assert kv_plain.released_rows == 0 and kv_rel.released_rows > 0  # some rows did go on in a smaller call
+    assert rel.new_ids.tolist() == plain.new_ids.tolist()
+    assert len(rel.logits) == len(plain.logits)
+    for row, ids in enumerate(plain.new_ids.tolist()):
+        end = next((k for k, t in enumerate(ids) if t in stops), len(ids) - 1)
+        a = torch.stack([s[row] for s in plain.logits[: end + 1]])
+        b = torch.stack([s[row] for s in rel.logits[: end + 1]])
+        torch.testing.assert_close(b, a, atol=2e-3, rtol=1e-3)
+    assert rel.reused == plain.reused
+    # the released rows read one token each time they went on, not their prompt again
+    assert sum(rel.fed) - sum(plain.fed) == kv_rel.released_rows
