@@ -207,3 +207,19 @@ def test_smollm2_early_release_same_tokens_and_logits(smol):
     assert rel.reused == plain.reused
     # the released rows read one token each time they went on, not their prompt again
     assert sum(rel.fed) - sum(plain.fed) == kv_rel.released_rows
+
+
+def test_early_release_only_where_stop_tokens_and_the_budget_end_rows():
+    """A call with stopping rules of its own is generated in one piece (a row such a rule stopped would look
+    released and be continued); the GRPO trainer's sampling config (TRL's keys) releases."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    from reterm.policies.kv_cache import _releasable
+
+    assert _releasable(None) and _releasable({"do_sample": True, "temperature": 0.7})
+    assert _releasable({"generation_config": GenerationConfig(max_new_tokens=96, do_sample=True, temperature=0.7,
+                                                              top_p=1.0, top_k=0, repetition_penalty=1.0)})  # fmt: skip
+    assert not _releasable({"stopping_criteria": StoppingCriteriaList([lambda ids, scores, **kw: False])})
+    assert not _releasable({"max_time": 5.0}) and not _releasable({"min_new_tokens": 4})
+    assert not _releasable({"generation_config": GenerationConfig(min_new_tokens=4)})
+    assert not _releasable({"generation_config": GenerationConfig(stop_strings=["$ "])})

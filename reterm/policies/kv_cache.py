@@ -261,13 +261,18 @@ class PrefixKVCache:
         reuse on, a sliceable cache, at least :data:`MIN_RELEASE_ROWS` rows), a call stops as soon as at most
         half of its rows are still generating (and at least :data:`MIN_RELEASE_STEPS` steps are left); the
         finished rows are done, and the others go on in a new call whose prompts are their prompt plus what they
-        generated so far. Their key/value states come from the store (the first call stored them), so the new
-        call reads one token a row: the continuation is the same decoding, in a smaller batch. The result is
-        that of one call: ``new_ids`` ``(B, steps)`` padded after each row's end, ``logits`` per step ``(B, V)``
-        (zeros after a row's end), ``reused`` from the first call, ``fed`` summed."""
+        generated so far. Their key/value states come from the store (the first call stored them; the store is
+        not trimmed to its bounds until the last call, so that they are still there), so the new call reads one
+        token a row: the continuation is the same decoding, in a smaller batch (greedy: the same tokens, up to
+        the rounding of other matrix shapes; sampling: the same distributions, other random draws). The result
+        is that of one call: ``new_ids`` ``(B, steps)`` padded after each row's end, ``logits`` per step
+        ``(B, V)`` (zeros after a row's end), ``reused`` from the first call, ``fed`` summed. Not used when the
+        call has stopping rules of its own (``stopping_criteria``, ``stop_strings``, ``max_time``, a minimum
+        length in ``generation_kwargs`` or their ``generation_config``): a row they stop would look released."""
         with self._lock:
             try:
                 if not (self.early_release and self.enabled and len(prompts) >= MIN_RELEASE_ROWS
+                        and _releasable(kwargs.get("generation_kwargs"))
                         and _reserved_cache(model, 1) is not None):  # fmt: skip
                     return self._generate(model, prompts, **kwargs)
                 return self._generate_releasing(model, prompts, **kwargs)
@@ -289,7 +294,7 @@ class PrefixKVCache:
             release = len(rows) // 2 if len(rows) >= MIN_RELEASE_ROWS else 0
             out = self._generate(model, [prompts[i] + done[i] for i in rows], max_new_tokens=budget,
                                  stop_token_ids=stop_token_ids, pad_token_id=pad_token_id,
-                                 release_at=release, **kwargs)  # fmt: skip
+                                 release_at=release, evict=False, **kwargs)  # fmt: skip
             still = []
             for j, i in enumerate(rows):
                 seq = out.new_ids[j].tolist()[: max_new_tokens - len(done[i])]
@@ -304,6 +309,7 @@ class PrefixKVCache:
                     still.append(i)  # released before its end
             rows, first = still, False
             self.released_rows += len(still)
+        self._evict()
         steps = max(len(d) for d in done)
         new_ids = torch.full((B, steps), pad_token_id, dtype=torch.long)
         for i, d in enumerate(done):
@@ -326,6 +332,7 @@ class PrefixKVCache:
         generation_kwargs: dict[str, Any] | None = None,
         output_logits: bool = False,
         release_at: int = 0,
+        evict: bool = True,
     ) -> CachedGeneration:
         """Generate a continuation of each prompt as one left-padded batch, reusing stored states.
 
@@ -340,6 +347,7 @@ class PrefixKVCache:
             output_logits: also return the raw logits of every step.
             release_at: stop the whole call once at most this many rows (but at least one) have not ended and at
                 least :data:`MIN_RELEASE_STEPS` steps are left (0: never); see :meth:`generate`.
+            evict: trim the store to its bounds after storing this call's rows (``False``: the caller does).
 
         Returns:
             :class:`CachedGeneration`.
@@ -408,7 +416,8 @@ class PrefixKVCache:
                     self._entries.remove(e)
             self._store(_output_cache(out), prompts, new,
                         stop_token_ids, W)  # fmt: skip
-            self._evict()
+            if evict:
+                self._evict()
         return CachedGeneration(new_ids=new.cpu(), logits=tuple(out.logits) if output_logits else None,
                                 reused=reused, fed=fed)  # fmt: skip
 
@@ -494,6 +503,19 @@ class PrefixKVCache:
             if self._entries and (self._entries[0].layers is None) != (entry.layers is None):
                 self._entries = []
             self._entries.append(entry)
+
+
+def _releasable(generation_kwargs: dict[str, Any] | None) -> bool:
+    """Whether a call's ``generate`` arguments leave every row's end to its stop tokens and ``max_new_tokens`` (early
+    release needs that: a row stopped by another rule would look released and be continued)."""
+    kw = dict(generation_kwargs or {})
+    config = kw.pop("generation_config", None)
+    for source in (kw, vars(config) if config is not None else {}):
+        if source.get("stopping_criteria") or source.get("stop_strings") or source.get("max_time"):
+            return False
+        if (source.get("min_new_tokens") or 0) > 0 or (source.get("min_length") or 0) > 0:
+            return False
+    return True
 
 
 def _release_criterion_class():
