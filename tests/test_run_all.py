@@ -226,7 +226,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "tasks drills" in cmds["drills"] and "--per-family 32 --multistage 48" in cmds["drills"]
     assert "pipeline.drills" in cmds["data"] and f"--tasks {tmp_path}/d/drills" in cmds["data"]
     assert "--injected-per-family" in cmds["data"]
-    assert "--max_steps" not in cmds["sft"] and "--num_train_epochs 1" in cmds["sft"]  # one epoch, not the recipe's 2
+    assert "--max_steps" not in cmds["sft"] and "--num_train_epochs" not in cmds["sft"]  # the recipe's epochs
     assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
     assert "--max_steps 15" in cmds["grpo"] and "--max_steps 15" in cmds["grpo-standard"]
     assert "eval.mechanism" in cmds["mechanism"] and f"--model hf:{tmp_path}/d/sft/merged" in cmds["mechanism"]

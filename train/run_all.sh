@@ -214,9 +214,9 @@ case "$RECIPE:$SIZE" in
     # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
     # of each family and types whole reference solutions on 16 others (the first turn from the task's start), 48 whole
     # two-stage solutions and 48 two-stage failed attempts with their recoveries,
-    # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs ONE epoch (the
-    # recipe has 2: ~53 min on 2 cores against ~27; the epoch-1 checkpoint of a 2-epoch run passed 0.53 of the
-    # held-out drills, the end of it 0.69, README) with bf16 autocast where the CPU has it;
+    # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
+    # 2 epochs with bf16 autocast where the CPU has it (~53 min on 2 cores; one epoch, 35 min, passed 0.38 of the
+    # held-out drills and none of the two-stage ones: README, "Measured");
     # 15 GRPO steps of two groups of G=4 each (120 attempts) on the two-stage drills. The evaluation: every one of the 120
     # in-distribution test instances and 12 held-out-family instances for Pass@1, and Recovery@1 from 150 own
     # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
@@ -228,7 +228,7 @@ case "$RECIPE:$SIZE" in
     # there are recovered and kept as records (the CPU GRPO recipe seeds from the injected ones only:
     # seed_failure_sources in grpo.yaml)
     MINE_SIZE=(--own-multistage 48)
-    SFT_SIZE=(--num_train_epochs 1)
+    SFT_SIZE=()
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
