@@ -232,8 +232,9 @@ case "$RECIPE:$SIZE" in
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
+    # Two models at a time, each in its own process (--workers 2): one process keeps about one core busy.
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
-               --multistage-states 150)
+               --multistage-states 150 --workers 2)
     # the mechanism: 24 two-stage drills x (G=4 from the start + G=4 from the failed one with the most progress)
     # = 192 attempts (48 drills took 27 min alone and still had no power for the difference it looks for: README),
     # at temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
@@ -252,7 +253,8 @@ case "$SIZE" in
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
-    EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48 --multistage-states 2)
+    EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48 --multistage-states 2
+               --workers 2)
     MECH_SIZE=(--tasks 2 --group-size 2 --max-turns 3 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;

@@ -22,6 +22,9 @@ denominators. Results: ``DIR/results.json``, ``DIR/report.md`` and ``DIR/rates.p
 ``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists, and a model
 interrupted midway resumes from its journal (``DIR/<model>/journal.jsonl``: its scored attempts so far; the
 failed ones whose snapshots a later step forks are attempted again).
+
+``--workers N`` evaluates N models at a time, each in its own process (:func:`run_workers`): the two-stage
+failure states are built first, in this process, and every worker recovers from those same states.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import asyncio
 import gc
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -522,14 +527,107 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the two-stage failure states' snapshots when every model is done (by default they are "
                         "released to free the disk; kept, a later run that adds a --model recovers from the very same "
                         "states instead of building them again)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="models evaluated at once, each in its own process with cpus/N threads (default 1: one after "
+                        "the other in this process). One process keeps about one core busy (it waits for sandboxes "
+                        "between turns), so 2 on a 2-core machine evaluates two models in about the time of one")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="evaluate only these --model names (repeatable) and write no results.json: what each "
+                        "--workers process runs; the other --model names still name the state model and the pairs")
     p.add_argument("--states-from", default="sft", metavar="NAME",
                    help="the evaluated model whose own failed attempts make the two-stage states (default sft; "
                         "if no model has that name, the first --model)")
     return p
 
 
+def _unwinnable_items(policy: Any, dirs: list[Path], max_new_tokens: int, max_turns: int) -> list[str] | None:
+    """The evaluated items whose own reference solution does not fit ``max_new_tokens`` x ``max_turns`` under
+    ``policy``'s tokenizer (they confound every comparison: issue 24), warned about; ``None`` for a policy
+    without a tokenizer (an endpoint, a script)."""
+    if getattr(policy, "tokenizer", None) is None:
+        return None
+    items = sorted({n.task for n in find_unwinnable(dirs, policy.tokenizer, max_turn_tokens=max_new_tokens,
+                                                     max_turns=max_turns)})  # fmt: skip
+    if items:
+        _say(f"WARNING: {len(items)} items cannot be passed under {max_new_tokens} tokens x {max_turns} turns even "
+             f"by their reference solution: {items[:5]}...")  # fmt: skip
+    return items
+
+
+def _without_only(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--only NAME`` / ``--only=NAME`` options."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--only":
+            skip = True
+        elif not arg.startswith("--only="):
+            out.append(arg)
+    return out
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM when the evaluation that started it dies (even by ``kill -9``), so that a
+    re-run never finds an orphan still writing the same model's journal."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, int]:
+    """Evaluate ``names`` in separate processes, at most ``workers`` at a time, in order: each runs this command
+    line (``argv``) with ``--only NAME --workers 1 --keep-states`` and ``cpus / workers`` threads (unless
+    ``OMP_NUM_THREADS`` is set), so it writes ``DIR/NAME/metrics.json`` and nothing shared. Their output goes
+    to this process's stdout and stderr, line by line.
+
+    One process keeps about one core busy (between turns it waits for the sandboxes), so on 2 cores two models
+    evaluate in about the time of one. The two-stage failure states must exist already (``main`` builds them
+    first): the workers only read ``states.json``.
+
+    Returns:
+        ``{name: exit code}`` of every worker that ended with a non-zero code (empty: all succeeded). On an
+        exception (Ctrl-C included) the running workers are terminated before it propagates.
+    """
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    root = str(Path(__file__).resolve().parents[2])  # the checkout whose reterm/ this is
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    base = [sys.executable, "-m", "reterm.eval.drills", *_without_only(argv), "--workers", "1", "--keep-states"]
+    pending, running, failed = list(names), {}, {}
+    _say(f"{len(names)} models in {min(workers, len(names))} worker processes of {env['OMP_NUM_THREADS']} threads: "
+         f"{names}")  # fmt: skip
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                name = pending.pop(0)
+                running[name] = subprocess.Popen([*base, "--only", name], env=env, preexec_fn=_die_with_parent)
+            time.sleep(0.5)
+            for name, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[name]
+                    if proc.returncode:
+                        failed[name] = proc.returncode
+                        _say(f"model {name}: its worker exited with code {proc.returncode} (its output is above)")
+    except BaseException:
+        for proc in running.values():
+            proc.terminate()
+        for proc in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     apply_thread_policy()  # before a policy loads torch (reterm.generation)
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     models: dict[str, str] = {}
     for m in a.model:
@@ -546,6 +644,12 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
         pairs.append((model, base))
+    unknown = [n for n in a.only if n not in models]
+    if unknown or a.workers < 1:
+        what = f"--only {unknown[0]!r}: not one of the --model names {list(models)}" if unknown else \
+            f"--workers {a.workers}: expected 1 or more"
+        print(f"eval.drills: {what}", file=sys.stderr)
+        return 2
     try:
         splits = read_splits(a.tasks)
     except (FileNotFoundError, ValueError) as exc:
@@ -557,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     _say(f"{len(id_dirs)} in-distribution and {len(ood_dirs)} out-of-distribution instances, models {list(models)}")
 
-    todo = [n for n in models if not (a.output / n / "metrics.json").exists()]
+    todo = [n for n in models if (not a.only or n in a.only) and not (a.output / n / "metrics.json").exists()]
+    parallel = a.workers > 1 and len(todo) > 1
     state_model = a.states_from if a.states_from in models else next(iter(models))
     ms_dir = a.output / "multistage"
     ms_kw = dict(families=multistage_families(a.tasks), batch=a.batch, max_turns=a.max_turns,
@@ -565,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     need_ms = a.multistage_states > 0 and bool(todo)
     ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states) if need_ms else None
     if need_ms and ms_data is None:
-        if state_model in todo:  # it builds the states at its turn, first
+        if state_model in todo and not parallel:  # it builds the states at its turn, first
             todo.sort(key=lambda n: n != state_model)
         else:
             _say(f"two-stage failure states from {state_model} = {models[state_model]}")
@@ -575,20 +680,27 @@ def main(argv: list[str] | None = None) -> int:
             del policy
             gc.collect()
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
-    injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo and state_dirs else ([], [], [])
+    injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo and state_dirs and not parallel else \
+        ([], [], [])  # workers make their own (the same ones: the injected mistakes are scripted)
     unwinnable: list[str] | None = None
+    if parallel:
+        first = load_policy(models[todo[0]], **policy_defaults(models[todo[0]], max_new_tokens=a.max_new_tokens),
+                            seed=0)  # fmt: skip
+        unwinnable = _unwinnable_items(first, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
+        del first
+        gc.collect()
+        failed = run_workers(argv, todo, a.workers)
+        if failed:
+            print(f"eval.drills: the evaluation of {sorted(failed)} failed (exit codes {failed}); a re-run resumes "
+                  "it", file=sys.stderr)  # fmt: skip
+            return 1
+        todo = []
     try:
         for name in todo:
             _say(f"model {name} = {models[name]}")
             policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
-            if unwinnable is None and getattr(policy, "tokenizer", None) is not None:
-                # items whose own reference does not fit the caps confound every comparison (issue 24)
-                unwinnable = sorted({n.task for n in find_unwinnable(
-                    [*id_dirs, *ood_dirs], policy.tokenizer, max_turn_tokens=a.max_new_tokens,
-                    max_turns=a.max_turns)})  # fmt: skip
-                if unwinnable:
-                    _say(f"WARNING: {len(unwinnable)} items cannot be passed under {a.max_new_tokens} tokens x "
-                         f"{a.max_turns} turns even by their reference solution: {unwinnable[:5]}...")  # fmt: skip
+            if unwinnable is None:
+                unwinnable = _unwinnable_items(policy, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
             if need_ms and ms_data is None:  # name is the state model
                 ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states,
                                                               **ms_kw))  # fmt: skip
@@ -602,21 +714,25 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
     finally:
         release(injected[0])
+    if a.only:  # a part of an evaluation (a --workers process): the whole one writes the results
+        return 0
     if not a.keep_states and all((a.output / n / "metrics.json").exists() for n in models):
         release_multistage(ms_dir)  # every model recovered from them: their snapshots go
     ms_file = ms_dir / "states.json"
     ms_info = None
     if a.multistage_states > 0 and ms_file.is_file():
         ms_info = {k: v for k, v in json.loads(ms_file.read_text()).items() if k not in ("items", "released")}
-    results = {"models": {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models},
+    metrics = {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models}
+    results = {"models": metrics,
                "differences": compare(a.output, list(models), pairs),
                "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs),
-                         "injected_states": len(injected[1]) if todo else None},
+                         "injected_states": next((m["injected_states"]["n"] for m in metrics.values() if "injected_states" in m), None)},
                "multistage_states": ms_info,
                "settings": {"max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "decoding": "greedy",
                             "unwinnable_items": unwinnable,
                             "own_items": a.own_items, "k_max": a.k_max,
-                            "multistage_states": a.multistage_states, "states_from": state_model},
+                            "multistage_states": a.multistage_states, "states_from": state_model,
+                            "workers": a.workers},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)
     (a.output / "report.md").write_text(report(results))

@@ -1,0 +1,66 @@
+"""``python -m eval.drills --workers N``: models evaluated side by side, each in its own process, with the real
+SmolLM2 on the local sandbox. The two-stage failure states are built once, by the parent, before the workers
+start; every worker recovers from those very states; the parent writes the one results file; a worker that fails
+makes the evaluation fail with its model named, and what the others finished is kept."""
+
+from __future__ import annotations
+
+import json
+
+from reterm.drills import generate_drills
+from reterm.eval import drills as eval_drills
+
+
+def _drills(tmp_path):
+    tasks = tmp_path / "drills"
+    generate_drills(tasks, 0, 4, families=["mkdir-parent", "exec-bit", "off-by-one", "wc-number"],
+                    ood_families=["wc-number"])  # fmt: skip
+    return tasks
+
+
+SIZES = ["--max-id", "2", "--max-ood", "0", "--max-states", "0", "--own-items", "0", "--k-max", "1", "--max-turns",
+         "1", "--max-new-tokens", "8", "--multistage-states", "2"]  # fmt: skip
+
+
+def test_two_workers_share_the_states_and_write_one_result(tmp_path, capsys):
+    tasks = _drills(tmp_path)
+    out = tmp_path / "eval"
+    rc = eval_drills.main(["--tasks", str(tasks), "--output", str(out), "--model", "base=smollm2",
+                           "--model", "sft=smollm2", "--workers", "2", *SIZES])  # fmt: skip
+    assert rc == 0
+    said = capsys.readouterr().out
+    assert "2 models in 2 worker processes of 1 threads" in said
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["workers"] == 2 and set(results["models"]) == {"base", "sft"}
+    states = json.loads((out / "multistage" / "states.json").read_text())
+    assert states["state_model"] == "sft" and states["released"] is True  # built once; freed when both were done
+    start_lines = (out / "multistage" / "start_attempts.jsonl").read_text().splitlines()
+    assert len(start_lines) == states["n_tasks"]  # no worker attempted the tasks from the start again
+    per = {n: json.loads((out / n / "per_item.json").read_text()) for n in ("base", "sft")}
+    ids = {it["state"]["id"] for it in states["items"]}
+    for n in per:  # every worker recovered from the parent's states, and the same model greedily gives the same
+        assert set(per[n]["recovery_at_1/multistage_own"]) == ids
+    assert per["base"] == per["sft"]
+    assert "sft - base" in results["differences"]
+
+
+def test_a_failing_worker_fails_the_evaluation_and_keeps_the_others(tmp_path, capsys):
+    tasks = _drills(tmp_path)
+    out = tmp_path / "eval"
+    rc = eval_drills.main(["--tasks", str(tasks), "--output", str(out), "--model", "sft=smollm2",
+                           "--model", "broken=hf:./no-such-checkpoint", "--workers", "2", *SIZES])  # fmt: skip
+    assert rc == 1
+    assert "['broken'] failed" in capsys.readouterr().err
+    assert (out / "sft" / "metrics.json").is_file() and not (out / "broken" / "metrics.json").exists()
+    assert not (out / "results.json").exists()
+    # the states stay for the re-run that resumes the evaluation
+    assert not json.loads((out / "multistage" / "states.json").read_text()).get("released")
+
+
+def test_bad_worker_options_are_named(tmp_path, capsys):
+    tasks = _drills(tmp_path)
+    common = ["--tasks", str(tasks), "--output", str(tmp_path / "eval"), "--model", "sft=smollm2"]
+    assert eval_drills.main([*common, "--workers", "0"]) == 2
+    assert "--workers 0" in capsys.readouterr().err
+    assert eval_drills.main([*common, "--only", "grpo"]) == 2
+    assert "--only 'grpo'" in capsys.readouterr().err
