@@ -6,6 +6,7 @@ makes the evaluation fail with its model named, and what the others finished is 
 from __future__ import annotations
 
 import json
+import os
 
 from reterm.drills import generate_drills
 from reterm.eval import drills as eval_drills
@@ -22,14 +23,18 @@ SIZES = ["--max-id", "2", "--max-ood", "0", "--max-states", "0", "--own-items", 
          "1", "--max-new-tokens", "8", "--multistage-states", "2"]  # fmt: skip
 
 
-def test_two_workers_share_the_states_and_write_one_result(tmp_path, capsys):
+def test_two_workers_share_the_states_and_write_one_result(tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     tasks = _drills(tmp_path)
     out = tmp_path / "eval"
     rc = eval_drills.main(["--tasks", str(tasks), "--output", str(out), "--model", "base=smollm2",
                            "--model", "sft=smollm2", "--workers", "2", *SIZES])  # fmt: skip
     assert rc == 0
-    said = capsys.readouterr().out
-    assert "2 models in 2 worker processes of 1 threads" in said
+    said = capfd.readouterr().out  # the workers' output too
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    assert f"2 models in 2 worker processes of {threads} threads" in said
+    assert said.count("two-stage pass rate from task start") == 1  # built once, by the parent; no worker rebuilt
+    assert said.count("[eval-drills] model base = smollm2") == said.count("[eval-drills] model sft = smollm2") == 1
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["workers"] == 2 and set(results["models"]) == {"base", "sft"}
     states = json.loads((out / "multistage" / "states.json").read_text())
@@ -40,6 +45,7 @@ def test_two_workers_share_the_states_and_write_one_result(tmp_path, capsys):
     ids = {it["state"]["id"] for it in states["items"]}
     for n in per:  # every worker recovered from the parent's states, and the same model greedily gives the same
         assert set(per[n]["recovery_at_1/multistage_own"]) == ids
+        assert None not in per[n]["recovery_at_1/multistage_own"].values()  # none from a released snapshot
     assert per["base"] == per["sft"]
     assert "sft - base" in results["differences"]
 
@@ -47,8 +53,8 @@ def test_two_workers_share_the_states_and_write_one_result(tmp_path, capsys):
 def test_a_failing_worker_fails_the_evaluation_and_keeps_the_others(tmp_path, capsys):
     tasks = _drills(tmp_path)
     out = tmp_path / "eval"
-    rc = eval_drills.main(["--tasks", str(tasks), "--output", str(out), "--model", "sft=smollm2",
-                           "--model", "broken=hf:./no-such-checkpoint", "--workers", "2", *SIZES])  # fmt: skip
+    rc = eval_drills.main(["--tasks", str(tasks), "--output", str(out), "--model", "broken=hf:./no-such-checkpoint",
+                           "--model", "sft=smollm2", "--workers", "2", *SIZES])  # fmt: skip
     assert rc == 1
     assert "['broken'] failed" in capsys.readouterr().err
     assert (out / "sft" / "metrics.json").is_file() and not (out / "broken" / "metrics.json").exists()
@@ -64,3 +70,16 @@ def test_bad_worker_options_are_named(tmp_path, capsys):
     assert "--workers 0" in capsys.readouterr().err
     assert eval_drills.main([*common, "--only", "grpo"]) == 2
     assert "--only 'grpo'" in capsys.readouterr().err
+
+
+def test_workers_get_their_own_only():
+    argv = ["--tasks", "d", "--only", "a", "--model", "a=x", "--only=b", "--workers", "2"]
+    assert eval_drills._without_only(argv) == ["--tasks", "d", "--model", "a=x", "--workers", "2"]
+    # an abbreviation would slip past that: the parser takes none
+    args = ["--tasks", "d", "--output", "o", "--model", "a=x"]
+    try:
+        eval_drills.build_parser().parse_args([*args, "--onl", "a"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--onl was taken for --only")

@@ -287,9 +287,10 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
                          injected: tuple[list[Attempt], list[Any], list[bool]], out: Path, *,
                          max_turns: int, batch: int, own_items: int, k_max: int,
                          multistage: list[tuple[Path, State, str]] | None = None,
-                         journal_tag: str = "") -> dict[str, Any]:  # fmt: skip
+                         journal_tag: str = "", unwinnable: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """One model's metrics (see the module docstring); writes ``out/<name>/attempts.jsonl``. ``multistage``:
-    the items of Recovery@1 from own two-stage failure states (:func:`multistage_items`), if any.
+    the items of Recovery@1 from own two-stage failure states (:func:`multistage_items`), if any; ``unwinnable``:
+    the items this model's caps make unwinnable (:func:`_unwinnable_items`), recorded in its metrics.
 
     Its attempts are journaled in ``out/<name>/journal.jsonl`` (:data:`JOURNAL`) while it runs, under
     ``journal_tag`` (what makes attempts comparable: the model's spec and the caps), so that an interrupted
@@ -300,7 +301,7 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     lines: list[str] = []
     kw = dict(max_turns=max_turns, max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS,
               journal=folder / JOURNAL, journal_tag=journal_tag)  # fmt: skip
-    res: dict[str, Any] = {"model": name}
+    res: dict[str, Any] = {"model": name, "unwinnable_items": unwinnable}
     own_failed: list[Attempt] = []
     per_item: dict[str, dict[str, float | None]] = {}
     for split, dirs in (("drills_id", id_dirs), ("drills_ood", ood_dirs)):
@@ -498,7 +499,9 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m eval.drills`` argument parser (generation defaults from :mod:`reterm.generation`)."""
-    p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0])
+    # no abbreviations: the --workers processes get this command line with its --only options replaced
+    p = argparse.ArgumentParser(prog="python -m eval.drills", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)  # fmt: skip
     p.add_argument("--tasks", required=True, type=Path)
     p.add_argument("--model", action="append", required=True, metavar="NAME=SPEC",
                    help="a model to evaluate: NAME=smollm2 or NAME=hf:PATH (repeatable, in order). Paired "
@@ -567,15 +570,26 @@ def _without_only(argv: list[str]) -> list[str]:
     return out
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the child gets SIGTERM when the evaluation that started it dies (even by ``kill -9``), so that a
-    re-run never finds an orphan still writing the same model's journal."""
+PARENT_ENV = "RETERM_EVAL_PARENT"
+"""Set by :func:`run_workers` in each worker's environment: the parent's process id."""
+
+
+def _follow_parent() -> None:
+    """In a ``--workers`` process: stop (SIGTERM, whose handler exits through every ``finally``, so snapshots are
+    released) when the evaluation that started it dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``), so
+    that a re-run never finds an orphan still writing the same model's journal."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if str(os.getppid()) != parent:  # it died before the line above
+        sys.exit(128 + signal.SIGTERM)
 
 
 def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, int]:
@@ -590,13 +604,15 @@ def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, in
 
     Returns:
         ``{name: exit code}`` of every worker that ended with a non-zero code (empty: all succeeded). On an
-        exception (Ctrl-C included) the running workers are terminated before it propagates.
+        exception (Ctrl-C included) the running workers are stopped (SIGTERM: they release their snapshots on the
+        way out) before it propagates.
     """
     threads = max(1, (os.cpu_count() or 1) // workers)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     root = str(Path(__file__).resolve().parents[2])  # the checkout whose reterm/ this is
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env[PARENT_ENV] = str(os.getpid())
     base = [sys.executable, "-m", "reterm.eval.drills", *_without_only(argv), "--workers", "1", "--keep-states"]
     pending, running, failed = list(names), {}, {}
     _say(f"{len(names)} models in {min(workers, len(names))} worker processes of {env['OMP_NUM_THREADS']} threads: "
@@ -605,7 +621,7 @@ def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, in
         while pending or running:
             while pending and len(running) < workers:
                 name = pending.pop(0)
-                running[name] = subprocess.Popen([*base, "--only", name], env=env, preexec_fn=_die_with_parent)
+                running[name] = subprocess.Popen([*base, "--only", name], env=env)
             time.sleep(0.5)
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
@@ -629,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     apply_thread_policy()  # before a policy loads torch (reterm.generation)
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
+    if a.only:
+        _follow_parent()
     models: dict[str, str] = {}
     for m in a.model:
         name, sep, spec = m.partition("=")
@@ -669,6 +687,10 @@ def main(argv: list[str] | None = None) -> int:
                  max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS)  # fmt: skip
     need_ms = a.multistage_states > 0 and bool(todo)
     ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states) if need_ms else None
+    if need_ms and ms_data is None and a.only and os.environ.get(PARENT_ENV):
+        print(f"eval.drills: --only {a.only}: no usable two-stage failure states of {state_model} in {ms_dir} (the "
+              "evaluation that started this worker builds them first)", file=sys.stderr)  # fmt: skip
+        return 2
     if need_ms and ms_data is None:
         if state_model in todo and not parallel:  # it builds the states at its turn, first
             todo.sort(key=lambda n: n != state_model)
@@ -682,13 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
     injected = asyncio.run(_injected_states(state_dirs, a.batch)) if todo and state_dirs and not parallel else \
         ([], [], [])  # workers make their own (the same ones: the injected mistakes are scripted)
-    unwinnable: list[str] | None = None
     if parallel:
-        first = load_policy(models[todo[0]], **policy_defaults(models[todo[0]], max_new_tokens=a.max_new_tokens),
-                            seed=0)  # fmt: skip
-        unwinnable = _unwinnable_items(first, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
-        del first
-        gc.collect()
         failed = run_workers(argv, todo, a.workers)
         if failed:
             print(f"eval.drills: the evaluation of {sorted(failed)} failed (exit codes {failed}); a re-run resumes "
@@ -699,15 +715,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in todo:
             _say(f"model {name} = {models[name]}")
             policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
-            if unwinnable is None:
-                unwinnable = _unwinnable_items(policy, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
+            unwinnable = _unwinnable_items(policy, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
             if need_ms and ms_data is None:  # name is the state model
                 ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states,
                                                               **ms_kw))  # fmt: skip
             m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
                                            k_max=a.k_max, journal_tag=f"{models[name]}|{a.max_turns}|{a.max_new_tokens}",
-                                           multistage=multistage_items(ms_data, ms_dir) if ms_data else None))  # fmt: skip
+                                           multistage=multistage_items(ms_data, ms_dir) if ms_data else None,
+                                           unwinnable=unwinnable))  # fmt: skip
             _say(f"{name}: Pass@1 ID {_fmt(m['pass_at_1']['drills_id'])}, Recovery@1 ID "
                  f"{_fmt(m['recovery_at_1']['drills_id'])}, {m['wall_s']:.0f}s")  # fmt: skip
             del policy
@@ -723,10 +739,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.multistage_states > 0 and ms_file.is_file():
         ms_info = {k: v for k, v in json.loads(ms_file.read_text()).items() if k not in ("items", "released")}
     metrics = {n: json.loads((a.output / n / "metrics.json").read_text()) for n in models}
+    n_injected = {n: m["injected_states"]["n"] for n, m in metrics.items() if "injected_states" in m}
+    if len(set(n_injected.values())) > 1:  # an infrastructure fault lost an item in one model's run
+        _say(f"WARNING: the models were evaluated on different numbers of injected states {n_injected}; the paired "
+             "differences use the items both scored")  # fmt: skip
+    unwinnable = next((m["unwinnable_items"] for m in metrics.values() if m.get("unwinnable_items") is not None), None)
     results = {"models": metrics,
                "differences": compare(a.output, list(models), pairs),
                "items": {"drills_id": len(id_dirs), "drills_ood": len(ood_dirs),
-                         "injected_states": next((m["injected_states"]["n"] for m in metrics.values() if "injected_states" in m), None)},
+                         "injected_states": max(n_injected.values(), default=None)},
                "multistage_states": ms_info,
                "settings": {"max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "decoding": "greedy",
                             "unwinnable_items": unwinnable,

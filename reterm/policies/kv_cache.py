@@ -37,6 +37,7 @@ conversation).
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,32 @@ def _reserved_cache(model: Any, capacity: int) -> Any:
         _RESERVED = _reserved_layer_class()
     cache.layers = [_RESERVED(capacity) for _ in cache.layers]
     return cache
+
+
+_PLAIN_ATTENTION: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _plain_attention(model: Any) -> bool:
+    """Whether ``model``'s cache is made of plain attention layers (:func:`_reserved_cache` can reserve it),
+    decided once per model."""
+    if model not in _PLAIN_ATTENTION:
+        _PLAIN_ATTENTION[model] = _reserved_cache(model, 1) is not None
+    return _PLAIN_ATTENTION[model]
+
+
+def cut_at_stop(seq: list[int], stops: set[int]) -> tuple[list[int], int | None]:
+    """A generated row up to and including its first stop token.
+
+    Args:
+        seq: the row's generated token ids (after its end a batch pads it).
+        stops: the stop token ids.
+
+    Returns:
+        ``(kept, end)``: ``seq[: end + 1]`` and the index of the first stop token, or ``(seq, None)`` when the row
+        has none (it ran to its token budget).
+    """
+    end = next((k for k, t in enumerate(seq) if t in stops), None)
+    return (seq if end is None else seq[: end + 1]), end
 
 
 _LIBC: Any = None
@@ -273,7 +300,7 @@ class PrefixKVCache:
             try:
                 if not (self.early_release and self.enabled and len(prompts) >= MIN_RELEASE_ROWS
                         and _releasable(kwargs.get("generation_kwargs"))
-                        and _reserved_cache(model, 1) is not None):  # fmt: skip
+                        and _plain_attention(model)):  # fmt: skip
                     return self._generate(model, prompts, **kwargs)
                 return self._generate_releasing(model, prompts, **kwargs)
             finally:
@@ -298,8 +325,7 @@ class PrefixKVCache:
             still = []
             for j, i in enumerate(rows):
                 seq = out.new_ids[j].tolist()[: max_new_tokens - len(done[i])]
-                end = next((k for k, t in enumerate(seq) if t in stops), None)
-                kept = seq if end is None else seq[: end + 1]
+                kept, end = cut_at_stop(seq, stops)
                 if out.logits is not None:
                     logits[i].extend(step[j] for step in out.logits[: len(kept)])
                 done[i].extend(kept)
@@ -483,8 +509,7 @@ class PrefixKVCache:
             return
         for row, p in enumerate(prompts):
             seq = rows[row]
-            end = next((k for k, t in enumerate(seq) if t in stops), None)
-            kept = seq if end is None else seq[: end + 1]
+            kept, _ = cut_at_stop(seq, stops)
             tokens = list(p) + kept[:-1]
             if sliceable:
                 start, stop = W - len(p), W + len(kept) - 1

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.policies.base import FINISH_CONTEXT_LENGTH, Generation
-from reterm.policies.kv_cache import DEFAULT_MAX_BYTES, PrefixKVCache
+from reterm.policies.kv_cache import DEFAULT_MAX_BYTES, PrefixKVCache, cut_at_stop
 from reterm.policies.sampling import SamplingParams
 from reterm.policies.smollm2 import EMBEDDED_NAME, chat_template, resolve_model_name_or_path
 from reterm.precision import auto_cpu_dtype
@@ -366,12 +366,8 @@ class TransformersPolicy:
         stops = set(self.stop_token_ids)
         results = []
         for row, ids in enumerate(prompts):
-            seq = new[row].tolist()
-            end = next((k for k, t in enumerate(seq) if t in stops), None)
-            if end is None:
-                kept, text_ids, finish = seq, seq, "length"
-            else:
-                kept, text_ids, finish = seq[: end + 1], seq[:end], "stop"
+            kept, end = cut_at_stop(new[row].tolist(), stops)
+            text_ids, finish = (kept, "length") if end is None else (kept[:end], "stop")
             results.append(
                 Generation(
                     text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
