@@ -232,7 +232,8 @@ case "$RECIPE:$SIZE" in
     GRPO_SIZE=(--max_steps 15 --save_steps 5)
     # Caps: every drill's reference solution and recovery fit (its longest tool call is 83 SmolLM2 tokens, at most
     # 4 turns with submit; tests/test_caps.py checks these numbers against the drills).
-    # Two models at a time, each in its own process (--workers 2): one process keeps about one core busy.
+    # Two models at a time, each in its own process (--workers 2): 1.22x faster than one process on 2 cores
+    # (bench/eval_workers.py), twice the memory (the stage peaked at 11.2 GB).
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
                --multistage-states 150 --workers 2)
     # the mechanism: 24 two-stage drills x (G=4 from the start + G=4 from the failed one with the most progress)
