@@ -106,7 +106,9 @@ def assert_dataset_card_matches(body: str, folder: Path) -> None:
     parts += [f"{sources['injected']:,} from injected mistakes"] if sources.get("injected") else []
     parts += [f"{sources['task_start']:,} whole reference solutions from the task's start (no mistake, `failure_step` -1)"
               ] if sources.get("task_start") else []  # fmt: skip
-    assert f"**{n:,} verified recoveries of a terminal agent from failure states: {', '.join(parts)}.**" in body
+    lead = "verified records of a terminal agent" if sources.get("task_start") else \
+        "verified recoveries of a terminal agent from failure states"
+    assert f"**{n:,} {lead}: {', '.join(parts)}.**" in body
     assert f"| **records** | **{n:,}** |" in body
     assert f"| verified recoveries kept as candidates | {stats['filters']['verified_recoveries']:,} |" in body
     found = re.findall(r"^\| (?:\*not an error category:\* )?[^|]+ \(`(\w+)`\) \| ([\d,]+) \|", body, re.M)

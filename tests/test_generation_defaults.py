@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -33,7 +34,9 @@ def test_the_readme_ak_line_gives_a_harbor_trial_the_evaluations_settings(tmp_pa
     from reterm.agent.harbor import ReTermAgent
     from reterm.eval.drills import build_parser
 
-    assert g.harbor_agent_args() in (REPO / "README.md").read_text()
+    # the README's line gives run_all's evaluation turns too (its EVAL_SIZE --max-turns)
+    turns = int(re.search(r"EVAL_SIZE=\([^)]*--max-turns (\d+)", (REPO / "train" / "run_all.sh").read_text()).group(1))
+    assert g.harbor_agent_args(max_turns=turns) in (REPO / "README.md").read_text()
     lines = [line for line in _readme_harbor_lines() if "policy_kwargs" in line]
     assert len(lines) == 1
     agent = ReTermAgent(logs_dir=tmp_path, **_ak(lines[0]))

@@ -33,9 +33,10 @@
 #                  the policy's own failed attempts online)                    -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
-#   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 and Recovery@1 on held-out drills (in- and
-#                  out-of-distribution) with 95% intervals and paired differences; 9B: Terminal-Bench 2.0
-#                  through Harbor                                               -> RUN/eval
+#   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 on held-out drills (in and out of
+#                  distribution) and Recovery@1 from the SFT model's own failure states on held-out two-stage
+#                  drills, with 95% intervals and paired differences, two models at a time; 9B: Terminal-Bench
+#                  2.0 through Harbor                                           -> RUN/eval
 #   cards          dataset and model cards; `reterm publish` dry-run (or real, 9B with HUB_ORG) -> RUN/cards
 #   summary        the table of the four models, time and peak memory per stage -> RUN/summary.md, RUN/plots
 #

@@ -342,7 +342,9 @@ def card_claims(stats: DatasetStats, sources: Counter, columns: dict[str, Counte
     other = total - own - injected - whole
     if other:
         parts.append(f"{other:,} of other sources")
-    headline = f"**{total:,} verified recoveries of a terminal agent from failure states: {', '.join(parts)}.**"
+    # whole solutions from the task's start recover from nothing: a set with them is "records", not "recoveries"
+    lead = "verified records of a terminal agent" if whole else "verified recoveries of a terminal agent from failure states"
+    headline = f"**{total:,} {lead}: {', '.join(parts)}.**"
     teachers = columns["teacher"]
     episodes = stats.config.get("episodes_by_policy") if isinstance(stats.config, dict) else None
     if isinstance(episodes, dict) and episodes:
