@@ -47,7 +47,7 @@ from reterm.drills.caps import unwinnable as find_unwinnable
 from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, generate_multistage, stage_families
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, apply_thread_policy, policy_defaults
 from reterm.io import write_text_atomic
-from reterm.policies import load_policy
+from reterm.policies import is_local_path, load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.recovery.state import State
@@ -303,90 +303,97 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
               journal=folder / JOURNAL, journal_tag=journal_tag)  # fmt: skip
     res: dict[str, Any] = {"model": name, "unwinnable_items": unwinnable}
     own_failed: list[Attempt] = []
+    held: list[Attempt] = []  # every attempt whose snapshot this keeps (release is idempotent)
     per_item: dict[str, dict[str, float | None]] = {}
-    for split, dirs in (("drills_id", id_dirs), ("drills_ood", ood_dirs)):
-        atts = await _attempts(policy, dirs, batch, f"{name} pass@1 {split}", keep_failed_snapshots=True, **kw)
-        scored = [a for a in atts if _scored(a)]
-        res.setdefault("pass_at_1", {})[split] = rate([a.trajectory.passed for a in scored])
-        res.setdefault("infra_faults", {})[split] = len(atts) - len(scored)
-        per_item[f"pass_at_1/{split}"] = {a.task_dir.name: (float(a.trajectory.passed) if _scored(a) else None)
-                                          for a in atts}  # fmt: skip
-        turns, valid = _turn_stats(atts)
-        res.setdefault("turns", {})[split] = {"turns": turns, "valid_tool_calls": valid}
-        lines += [json.dumps({"split": split, "kind": "pass_at_1", **a.trajectory.model_dump(mode="json")}) for a in atts]
-        keep = [a for a in atts if a.failed][: max(0, own_items - len(own_failed))]
-        release([a for a in atts if a not in keep])
-        own_failed += keep
-    t_turns = sum(v["turns"] for v in res["turns"].values())
-    t_valid = sum(v["valid_tool_calls"] for v in res["turns"].values())
-    res["valid_tool_call_rate"] = rate([True] * t_valid + [False] * (t_turns - t_valid))
+    try:
+        for split, dirs in (("drills_id", id_dirs), ("drills_ood", ood_dirs)):
+            atts = await _attempts(policy, dirs, batch, f"{name} pass@1 {split}", keep_failed_snapshots=True, **kw)
+            scored = [a for a in atts if _scored(a)]
+            res.setdefault("pass_at_1", {})[split] = rate([a.trajectory.passed for a in scored])
+            res.setdefault("infra_faults", {})[split] = len(atts) - len(scored)
+            per_item[f"pass_at_1/{split}"] = {a.task_dir.name: (float(a.trajectory.passed) if _scored(a) else None)
+                                              for a in atts}  # fmt: skip
+            turns, valid = _turn_stats(atts)
+            res.setdefault("turns", {})[split] = {"turns": turns, "valid_tool_calls": valid}
+            lines += [json.dumps({"split": split, "kind": "pass_at_1", **a.trajectory.model_dump(mode="json")}) for a in atts]
+            keep = [a for a in atts if a.failed][: max(0, own_items - len(own_failed))]
+            release([a for a in atts if a not in keep])
+            own_failed += keep
+            held += keep
+        t_turns = sum(v["turns"] for v in res["turns"].values())
+        t_valid = sum(v["valid_tool_calls"] for v in res["turns"].values())
+        res["valid_tool_call_rate"] = rate([True] * t_valid + [False] * (t_turns - t_valid))
 
-    # Recovery@1 from the shared injected failure states
-    failed, states, recoverable = injected
-    recs = await _attempts(policy, [a.task_dir for a in failed], batch, f"{name} recovery@1 (injected)", states=states,
-                           snapshots=[a.snapshot for a in failed], **kw)  # fmt: skip
-    split_of = {d.name: "drills_id" for d in id_dirs} | {d.name: "drills_ood" for d in ood_dirs}
-    res["recovery_at_1"] = {}
-    for split in ("drills_id", "drills_ood"):
-        items = [r for r in recs if split_of[r.task_dir.name] == split and _scored(r)]
-        res["recovery_at_1"][split] = rate([r.trajectory.passed for r in items])
-        per_item[f"recovery_at_1/{split}"] = {r.task_dir.name: float(r.trajectory.passed) for r in items}
-    res["recovery_at_1_by_category"] = _per_category(
-        [(s.category, r.trajectory.passed) for s, r in zip(states, recs) if _scored(r)])
-    lines += [json.dumps({"kind": "recovery_injected", "category": s.category, "state_id": s.id,
-                          **r.trajectory.model_dump(mode="json")}) for s, r in zip(states, recs)]  # fmt: skip
-    state_items = [s.with_source("injected").eval_item(r.trajectory) for s, r in zip(states, recs)]
-    release(recs)
+        # Recovery@1 from the shared injected failure states
+        failed, states, recoverable = injected
+        recs = await _attempts(policy, [a.task_dir for a in failed], batch, f"{name} recovery@1 (injected)", states=states,
+                               snapshots=[a.snapshot for a in failed], **kw)  # fmt: skip
+        split_of = {d.name: "drills_id" for d in id_dirs} | {d.name: "drills_ood" for d in ood_dirs}
+        res["recovery_at_1"] = {}
+        for split in ("drills_id", "drills_ood"):
+            items = [r for r in recs if split_of[r.task_dir.name] == split and _scored(r)]
+            res["recovery_at_1"][split] = rate([r.trajectory.passed for r in items])
+            per_item[f"recovery_at_1/{split}"] = {r.task_dir.name: float(r.trajectory.passed) for r in items}
+        res["recovery_at_1_by_category"] = _per_category(
+            [(s.category, r.trajectory.passed) for s, r in zip(states, recs) if _scored(r)])
+        lines += [json.dumps({"kind": "recovery_injected", "category": s.category, "state_id": s.id,
+                              **r.trajectory.model_dump(mode="json")}) for s, r in zip(states, recs)]  # fmt: skip
+        state_items = [s.with_source("injected").eval_item(r.trajectory) for s, r in zip(states, recs)]
+        release(recs)
 
-    # Recovery@1 from the state model's own two-stage failure states (shared by every model)
-    if multistage is not None:
-        ms = await _attempts(policy, [d for d, _, _ in multistage], batch, f"{name} recovery@1 (two-stage states)",
-                             states=[s for _, s, _ in multistage], snapshots=[i for _, _, i in multistage], **kw)
-        ok = [r for r in ms if _scored(r)]
-        res["recovery_at_1"][MULTISTAGE_KEY] = rate([r.trajectory.passed for r in ok])
-        res["infra_faults"][MULTISTAGE_KEY] = len(ms) - len(ok)
-        # keyed by the state's id: only recoveries from the very same state pair up (a rebuilt set may differ)
-        per_item[f"recovery_at_1/{MULTISTAGE_KEY}"] = {s.id: (float(r.trajectory.passed) if _scored(r) else None)
-                                                       for (_, s, _), r in zip(multistage, ms)}  # fmt: skip
-        lines += [json.dumps({"kind": f"recovery_{MULTISTAGE_KEY}", "category": s.category, "state_id": s.id,
-                              **r.trajectory.model_dump(mode="json")}) for (_, s, _), r in zip(multistage, ms)]  # fmt: skip
-        state_items += [s.eval_item(r.trajectory) | {"kind": f"recovery_{MULTISTAGE_KEY}"}
-                        for (_, s, _), r in zip(multistage, ms)]  # fmt: skip
-        release(ms)
+        # Recovery@1 from the state model's own two-stage failure states (shared by every model)
+        if multistage is not None:
+            ms = await _attempts(policy, [d for d, _, _ in multistage], batch, f"{name} recovery@1 (two-stage states)",
+                                 states=[s for _, s, _ in multistage], snapshots=[i for _, _, i in multistage], **kw)
+            ok = [r for r in ms if _scored(r)]
+            res["recovery_at_1"][MULTISTAGE_KEY] = rate([r.trajectory.passed for r in ok])
+            res["infra_faults"][MULTISTAGE_KEY] = len(ms) - len(ok)
+            # keyed by the state's id: only recoveries from the very same state pair up (a rebuilt set may differ)
+            per_item[f"recovery_at_1/{MULTISTAGE_KEY}"] = {s.id: (float(r.trajectory.passed) if _scored(r) else None)
+                                                           for (_, s, _), r in zip(multistage, ms)}  # fmt: skip
+            lines += [json.dumps({"kind": f"recovery_{MULTISTAGE_KEY}", "category": s.category, "state_id": s.id,
+                                  **r.trajectory.model_dump(mode="json")}) for (_, s, _), r in zip(multistage, ms)]  # fmt: skip
+            state_items += [s.eval_item(r.trajectory) | {"kind": f"recovery_{MULTISTAGE_KEY}"}
+                            for (_, s, _), r in zip(multistage, ms)]  # fmt: skip
+            release(ms)
 
-    # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
-    own_states = [attempt_end_state(a) for a in own_failed]
-    cats = [s.category for s in own_states]
-    fatal_checks = await _attempts(OraclePolicy([a.task_dir for a in own_failed], name="oracle"),
-                                   [a.task_dir for a in own_failed], batch, f"{name} reference from own failures",
-                                   states=own_states, snapshots=[a.snapshot for a in own_failed], max_turns=8,
-                                   journal=kw["journal"], journal_tag=journal_tag) if own_failed else []  # fmt: skip
-    fatal = [not c.trajectory.passed if _scored(c) else None for c in fatal_checks]
-    recovered_at: list[int | None] = [None] * len(own_failed)  # the k at which each item recovered
-    current = list(own_failed)
-    alive = list(range(len(own_failed)))
-    for k in range(1, k_max + 1):
-        if not alive:
-            break
-        sts = [attempt_end_state(current[i]) for i in alive]
-        nxt = await _attempts(policy, [current[i].task_dir for i in alive], batch, f"{name} own Recovery@{k}",
-                              states=sts, snapshots=[current[i].snapshot for i in alive], keep_failed_snapshots=True,
-                              **kw)  # fmt: skip
+        # Recovery@k on the model's own failed attempts (sequential attempts inheriting the state)
+        own_states = [attempt_end_state(a) for a in own_failed]
+        cats = [s.category for s in own_states]
+        fatal_checks = await _attempts(OraclePolicy([a.task_dir for a in own_failed], name="oracle"),
+                                       [a.task_dir for a in own_failed], batch, f"{name} reference from own failures",
+                                       states=own_states, snapshots=[a.snapshot for a in own_failed], max_turns=8,
+                                       journal=kw["journal"], journal_tag=journal_tag) if own_failed else []  # fmt: skip
+        fatal = [not c.trajectory.passed if _scored(c) else None for c in fatal_checks]
+        recovered_at: list[int | None] = [None] * len(own_failed)  # the k at which each item recovered
+        current = list(own_failed)
+        alive = list(range(len(own_failed)))
+        for k in range(1, k_max + 1):
+            if not alive:
+                break
+            sts = [attempt_end_state(current[i]) for i in alive]
+            nxt = await _attempts(policy, [current[i].task_dir for i in alive], batch, f"{name} own Recovery@{k}",
+                                  states=sts, snapshots=[current[i].snapshot for i in alive], keep_failed_snapshots=True,
+                                  **kw)  # fmt: skip
+            release([current[i] for i in alive])
+            still = []
+            for i, st, a in zip(alive, sts, nxt):
+                lines.append(json.dumps({"kind": f"recovery_own_k{k}", "state_id": st.id,
+                                         **a.trajectory.model_dump(mode="json")}))
+                state_items.append(st.eval_item(a.trajectory)
+                             | {"kind": f"recovery_own_k{k}"})
+                current[i] = a
+                held.append(a)
+                if a.trajectory.passed:
+                    recovered_at[i] = k
+                elif a.failed:
+                    still.append(i)
+            alive = still
+            _say(f"  {name} own failures: Recovery@{k} {sum(r is not None for r in recovered_at)}/{len(own_failed)}")
         release([current[i] for i in alive])
-        still = []
-        for i, st, a in zip(alive, sts, nxt):
-            lines.append(json.dumps({"kind": f"recovery_own_k{k}", "state_id": st.id,
-                                     **a.trajectory.model_dump(mode="json")}))
-            state_items.append(st.eval_item(a.trajectory)
-                         | {"kind": f"recovery_own_k{k}"})
-            current[i] = a
-            if a.trajectory.passed:
-                recovered_at[i] = k
-            elif a.failed:
-                still.append(i)
-        alive = still
-        _say(f"  {name} own failures: Recovery@{k} {sum(r is not None for r in recovered_at)}/{len(own_failed)}")
-    release([current[i] for i in alive])
+    except BaseException:  # interrupted (SIGTERM in a worker, Ctrl-C): no snapshot it kept outlives it
+        release(held)
+        raise
     res["recovery_own"] = {"n_failed_attempts": len(own_failed)}
     for k in range(1, k_max + 1):
         ok = [r is not None and r <= k for r in recovered_at]
@@ -582,7 +589,11 @@ def _follow_parent() -> None:
     parent = os.environ.get(PARENT_ENV)
     if not parent:
         return
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    def stop(*_: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would cut the cleanup short
+        sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         import ctypes
 
@@ -609,6 +620,7 @@ def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, in
         exception (Ctrl-C included) the running workers are stopped (SIGTERM: they release their snapshots on the
         way out) before it propagates.
     """
+    workers = min(workers, len(names))  # the processes that run at once share the cores
     threads = max(1, (os.cpu_count() or 1) // workers)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads))
@@ -617,7 +629,7 @@ def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, in
     env[PARENT_ENV] = str(os.getpid())
     base = [sys.executable, "-m", "reterm.eval.drills", *_without_only(argv), "--workers", "1", "--keep-states"]
     pending, running, failed = list(names), {}, {}
-    _say(f"{len(names)} models in {min(workers, len(names))} worker processes of {env['OMP_NUM_THREADS']} threads: "
+    _say(f"{len(names)} models in {workers} worker processes of {env['OMP_NUM_THREADS']} threads: "
          f"{names}")  # fmt: skip
     try:
         while pending or running:
@@ -630,7 +642,9 @@ def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, in
                     del running[name]
                     if proc.returncode:
                         failed[name] = proc.returncode
-                        _say(f"model {name}: its worker exited with code {proc.returncode} (its output is above)")
+                        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else \
+                            f"exited with code {proc.returncode} (its output is above)"
+                        _say(f"model {name}: its worker {how}")
     except BaseException:
         for proc in running.values():
             proc.terminate()
@@ -664,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
         pairs.append((model, base))
+    for name, spec in models.items():  # a checkpoint that is not there fails now, not hours into the run
+        ref = spec[3:].strip() if spec.startswith("hf:") else spec
+        if is_local_path(ref) and not Path(ref).expanduser().is_dir():
+            print(f"eval.drills: --model {name}={spec}: no checkpoint folder {ref}", file=sys.stderr)
+            return 2
     unknown = [n for n in a.only if n not in models]
     if unknown or a.workers < 1:
         what = f"--only {unknown[0]!r}: not one of the --model names {list(models)}" if unknown else \
@@ -677,12 +696,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     id_dirs = spread([a.tasks / n for n in splits.get("test", [])], a.max_id)
     ood_dirs = spread([a.tasks / n for n in splits.get("test_ood", [])], a.max_ood)
-    a.output.mkdir(parents=True, exist_ok=True)
+    try:
+        a.output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"eval.drills: --output {a.output}: cannot make the folder ({exc.strerror})", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     _say(f"{len(id_dirs)} in-distribution and {len(ood_dirs)} out-of-distribution instances, models {list(models)}")
 
     todo = [n for n in models if (not a.only or n in a.only) and not (a.output / n / "metrics.json").exists()]
     parallel = a.workers > 1 and len(todo) > 1
+    todo_at_start = list(todo)
     state_model = a.states_from if a.states_from in models else next(iter(models))
     ms_dir = a.output / "multistage"
     ms_kw = dict(families=multistage_families(a.tasks), batch=a.batch, max_turns=a.max_turns,
@@ -732,10 +756,11 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
     finally:
         release(injected[0])
-    if a.only:  # a part of an evaluation (a --workers process): the whole one writes the results
-        return 0
     if not a.keep_states and all((a.output / n / "metrics.json").exists() for n in models):
         release_multistage(ms_dir)  # every model recovered from them: their snapshots go
+    if a.only:  # a part of an evaluation (a --workers process): the whole one writes the results
+        _say(f"{a.only} done; results.json is written by a run without --only")
+        return 0
     ms_file = ms_dir / "states.json"
     ms_info = None
     if a.multistage_states > 0 and ms_file.is_file():
@@ -755,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                             "unwinnable_items": unwinnable,
                             "own_items": a.own_items, "k_max": a.k_max,
                             "multistage_states": a.multistage_states, "states_from": state_model,
-                            "workers": a.workers},
+                            "workers": min(a.workers, max(1, len(todo_at_start)))},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)
     (a.output / "report.md").write_text(report(results))
