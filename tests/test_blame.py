@@ -56,8 +56,9 @@ def test_fork_bomb_is_an_agent_failure_with_the_command_recorded():
     traj, health = _episode([FORK_BOMB, SOLVE])
     ran = [s.command for s in traj.steps]
     assert "pids" in health.limits_hit and health.alive
-    if traj.outcome is Outcome.SUCCESS:  # the forks died out: nothing was left broken
-        assert ran == [FORK_BOMB, SOLVE] and traj.reward == 1.0 and BROKEN_KEY not in traj.metadata
+    if traj.outcome is Outcome.SUCCESS:  # the forks died out: nothing was left broken (by the probe, if any)
+        assert ran in ([FORK_BOMB, SOLVE], [FORK_BOMB, SOLVE, None]), ran
+        assert traj.reward == 1.0 and BROKEN_KEY not in traj.metadata
         return
     assert ran in ([FORK_BOMB], [FORK_BOMB, SOLVE], [FORK_BOMB, SOLVE, None]), ran
     _assert_broken(traj, ran, "the sandbox ran out of pids")
