@@ -706,7 +706,6 @@ def main(argv: list[str] | None = None) -> int:
 
     todo = [n for n in models if (not a.only or n in a.only) and not (a.output / n / "metrics.json").exists()]
     parallel = a.workers > 1 and len(todo) > 1
-    todo_at_start = list(todo)
     state_model = a.states_from if a.states_from in models else next(iter(models))
     ms_dir = a.output / "multistage"
     ms_kw = dict(families=multistage_families(a.tasks), batch=a.batch, max_turns=a.max_turns,
@@ -736,9 +735,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eval.drills: the evaluation of {sorted(failed)} failed (exit codes {failed}); a re-run resumes "
                   "it", file=sys.stderr)  # fmt: skip
             return 1
-        todo = []
     try:
-        for name in todo:
+        for name in [] if parallel else todo:  # in parallel the workers evaluated them
             _say(f"model {name} = {models[name]}")
             policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
             unwinnable = _unwinnable_items(policy, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
@@ -780,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                             "unwinnable_items": unwinnable,
                             "own_items": a.own_items, "k_max": a.k_max,
                             "multistage_states": a.multistage_states, "states_from": state_model,
-                            "workers": min(a.workers, max(1, len(todo_at_start)))},
+                            "workers": min(a.workers, max(1, len(todo)))},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)
     (a.output / "report.md").write_text(report(results))
