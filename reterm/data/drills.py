@@ -48,6 +48,7 @@ from reterm.agent.protocol import PROMPT_VERSION
 from reterm.data.layout import write_dataset_folder
 from reterm.drills.families import FAMILIES
 from reterm.drills.generate import recovery_commands, stage_parts
+from reterm.drills.multistage import record_kinds, resume_plan, turn_budget
 from reterm.generation import MAX_TURN_TOKENS
 from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
@@ -174,12 +175,13 @@ def _record(state: State, traj: Trajectory, *, failure_step: int, failed: Step |
 
 async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_turns: int,
                  label: str | None = None, *, injection: str | None = None, category: str | None = None,
-                 in_attempt: bool | None = None) -> dict[str, Any]:  # fmt: skip
+                 in_attempt: bool | None = None, teacher_turns: int = 8) -> dict[str, Any]:  # fmt: skip
     """First attempts on ``dirs``, then one teacher recovery from each failed one. Returns the journal entry.
 
     ``injection`` names a scripted first attempt other than the drill's first mistake (the ``injection`` column);
     ``category`` overrides every failure state's category (a scripted failure whose kind is known);
-    ``in_attempt`` adds the step-level records of :func:`_in_attempt_records` (default: for injected sources)."""
+    ``in_attempt`` adds the step-level records of :func:`_in_attempt_records` (default: for injected sources);
+    ``teacher_turns`` caps each recovery attempt (a chain's resumption has more to do than one hurdle)."""
     firsts = await run_attempts(policy, dirs, max_turns=max_turns, keep_failed_snapshots=True)
     failed = [a for a in firsts if a.failed]
     entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": source,
@@ -189,7 +191,7 @@ async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_t
         for a, st in zip(failed, states):
             st.category = category or evidence_label(a, st.category, st.localisation.source == "localiser", source)
         recs = await run_attempts(teacher, [a.task_dir for a in failed], states=states,
-                                  snapshots=[a.snapshot for a in failed], max_turns=8)  # fmt: skip
+                                  snapshots=[a.snapshot for a in failed], max_turns=teacher_turns)  # fmt: skip
     finally:
         release(firsts)
     entry["recovery_outcomes"] = Counter(r.trajectory.outcome.value for r in recs)
@@ -229,12 +231,15 @@ OWN_MULTISTAGE_TURNS = 8
 """Turns of a policy's own attempt on a two-stage drill at least (the mechanism stage's default too)."""
 
 IN_ATTEMPT_KINDS = ("part2_mistake", "part1_mistake")
-"""The :data:`MULTISTAGE_KINDS` whose instances also give a step-level (in-attempt) record."""
+"""The :data:`MULTISTAGE_KINDS` whose instances also give a step-level (in-attempt) record (for a chain: every
+``part<j>_mistake`` kind of :func:`reterm.drills.multistage.record_kinds`)."""
 
 
 def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
-    """``(first attempt's commands, teacher's commands, category)`` of a two-stage drill for a
-    :data:`MULTISTAGE_KINDS` entry (stages from :func:`reterm.drills.generate.stage_parts`).
+    """``(first attempt's commands, teacher's commands, category)`` of a multi-stage drill (two stages or a chain)
+    for a :func:`reterm.drills.multistage.record_kinds` entry (commands from
+    :func:`reterm.drills.multistage.resume_plan`; the category is ``premature_completion`` after a submit, else the
+    failed part's family's).
 
     Raises:
         ValueError: naming the task when it is not a multi-stage drill or ``kind`` is unknown.
@@ -242,17 +247,10 @@ def _stage_plan(task_dir: Path, kind: str) -> tuple[list[str], list[str], str]:
     parts = stage_parts(task_dir)
     if len(parts) < 2:
         raise ValueError(f"{task_dir}: not a multi-stage drill (no [metadata] stage_families)")
-    first, second = parts[0], parts[1]
-    rest = [c for p in parts[2:] for c in p["solution"]]
-    if kind == "part1_submit":
-        return first["solution"], [*second["solution"], *rest], "premature_completion"
-    if kind == "part2_mistake":
-        return [*first["solution"], second["first_mistake"]], [*second["recovery"], *rest], \
-            FAMILIES[second["family"]].category.value
-    if kind == "part1_mistake":
-        return [first["first_mistake"]], [*first["recovery"], *second["solution"], *rest], \
-            FAMILIES[first["family"]].category.value
-    raise ValueError(f"unknown multi-stage record kind {kind!r} (one of {MULTISTAGE_KINDS})")
+    first, teacher, done = resume_plan(parts, kind)
+    if kind.endswith("_submit"):
+        return first, teacher, "premature_completion"
+    return first, teacher, FAMILIES[parts[done]["family"]].category.value
 
 
 def _stage_in_attempt_plan(task_dir: Path, kind: str) -> tuple[list[str], int, str]:
@@ -263,7 +261,7 @@ def _stage_in_attempt_plan(task_dir: Path, kind: str) -> tuple[list[str], int, s
     Raises:
         ValueError: naming the task or the kind when either does not fit.
     """
-    if kind not in IN_ATTEMPT_KINDS:
+    if not kind.endswith("_mistake"):
         raise ValueError(f"no step-level record for multi-stage kind {kind!r} (one of {IN_ATTEMPT_KINDS})")
     failed, teacher, category = _stage_plan(task_dir, kind)
     return [*failed, *teacher], len(failed) - 1, category
@@ -277,7 +275,7 @@ async def _stage_in_attempt_records(dirs: list[Path], kind: str) -> dict[str, An
     :func:`_in_attempt_records`, these attempts pass, so they add records but no failed attempt to the counts)."""
     plans = {d: _stage_in_attempt_plan(d, kind) for d in dirs}
     policy = OraclePolicy([(load_task(d).instruction, plans[d][0]) for d in dirs], name=f"scripted:{kind}:in-attempt")
-    runs = await run_attempts(policy, dirs, max_turns=12)
+    runs = await run_attempts(policy, dirs, max_turns=max(12, max(len(p[0]) + 1 for p in plans.values())))
     entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": "injected",
                              "outcomes": Counter(r.trajectory.outcome.value for r in runs), "records": [], "states": []}
     for r in runs:
@@ -294,7 +292,8 @@ async def _stage_in_attempt_records(dirs: list[Path], kind: str) -> dict[str, An
 async def _whole_records(dirs: list[Path]) -> dict[str, Any]:
     """Verified reference solutions from the task's start (``target_attempt_index`` 1, trained from the first
     assistant turn, ``failure_step`` :data:`reterm.records.NO_FAILURE_STEP`). Returns the journal entry."""
-    runs = await run_attempts(OraclePolicy(dirs, name="oracle"), dirs, max_turns=12)
+    runs = await run_attempts(OraclePolicy(dirs, name="oracle"), dirs,
+                              max_turns=max([12, *(turn_budget(max(1, len(stage_parts(d)))) for d in dirs)]))
     entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": "reference",
                              "outcomes": Counter(r.trajectory.outcome.value for r in runs), "records": [], "states": []}
     for r in runs:
@@ -441,26 +440,35 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         work.append(("single:whole", whole_single, 16, _whole_records))
     if multi:
         work.append(("multi:whole", multi, 16, _whole_records))
-        for k, kind in enumerate(MULTISTAGE_KINDS):
-            mine = multi[k :: len(MULTISTAGE_KINDS)]
-            if not mine:
-                continue
-            plans = {d: _stage_plan(d, kind) for d in mine}
-            def run(chunk, plans=plans, kind=kind):  # fmt: skip
-                first = OraclePolicy([(load_task(d).instruction, plans[d][0]) for d in chunk], name=f"scripted:{kind}")
-                teacher = OraclePolicy([(load_task(d).instruction, plans[d][1]) for d in chunk], name="oracle-teacher")
-                cats = {plans[d][2] for d in chunk}
-                return _batch(first, teacher, chunk, "injected", 6, injection=kind, in_attempt=False,
-                              category=cats.pop() if len(cats) == 1 else None)  # fmt: skip
-            # one category per batch: batches of one kind grouped by the category the plan names
-            by_cat: dict[str, list[Path]] = {}
-            for d in mine:
-                by_cat.setdefault(plans[d][2], []).append(d)
-            for cat, ds in sorted(by_cat.items()):
-                work.append((f"multi:{kind}:{cat}", ds, 16, run))
-            if kind in IN_ATTEMPT_KINDS:
-                work.append((f"multi:{kind}:in-attempt", mine, 16,
-                             lambda chunk, kind=kind: _stage_in_attempt_records(chunk, kind)))
+        by_stages: dict[int, list[Path]] = {}  # two-stage drills and chains of each length: kinds in turn
+        for d in multi:
+            by_stages.setdefault(len(stage_parts(d)), []).append(d)
+        for n_stages, same in sorted(by_stages.items()):
+            kinds = record_kinds(n_stages)
+            tag = "multi" if n_stages == 2 else f"chain{n_stages}"  # the two-stage journal keys as they were
+            for k, kind in enumerate(kinds):
+                mine = same[k :: len(kinds)]
+                if not mine:
+                    continue
+                plans = {d: _stage_plan(d, kind) for d in mine}
+                def run(chunk, plans=plans, kind=kind, n_stages=n_stages):  # fmt: skip
+                    first = OraclePolicy([(load_task(d).instruction, plans[d][0]) for d in chunk],
+                                         name=f"scripted:{kind}")  # fmt: skip
+                    teacher = OraclePolicy([(load_task(d).instruction, plans[d][1]) for d in chunk],
+                                           name="oracle-teacher")  # fmt: skip
+                    cats = {plans[d][2] for d in chunk}
+                    return _batch(first, teacher, chunk, "injected", max(6, max(len(plans[d][0]) + 1 for d in chunk)),
+                                  injection=kind, in_attempt=False, category=cats.pop() if len(cats) == 1 else None,
+                                  teacher_turns=max(8, turn_budget(n_stages)))  # fmt: skip
+                # one category per batch: batches of one kind grouped by the category the plan names
+                by_cat: dict[str, list[Path]] = {}
+                for d in mine:
+                    by_cat.setdefault(plans[d][2], []).append(d)
+                for cat, ds in sorted(by_cat.items()):
+                    work.append((f"{tag}:{kind}:{cat}", ds, 16, run))
+                if kind.endswith("_mistake"):
+                    work.append((f"{tag}:{kind}:in-attempt", mine, 16,
+                                 lambda chunk, kind=kind: _stage_in_attempt_records(chunk, kind)))
     step = max(1, len(dirs) // own_tasks) if own_tasks else 1
     loaded: dict[str, Any] = {}
     for j, spec in enumerate(policies):
@@ -474,8 +482,9 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             def run_own_multi(chunk, spec=spec, key=key):  # fmt: skip
                 if key not in loaded:
                     loaded[key] = load_policy(spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)
-                return _batch(loaded[key], own_teacher, chunk, "own", max(max_turns, OWN_MULTISTAGE_TURNS),
-                              policy_label(spec))  # fmt: skip
+                budget = max(turn_budget(len(stage_parts(d))) for d in chunk)  # 8 for two stages, more for chains
+                return _batch(loaded[key], own_teacher, chunk, "own", max(max_turns, OWN_MULTISTAGE_TURNS, budget),
+                              policy_label(spec), teacher_turns=max(8, budget))  # fmt: skip
             work.append((f"own-multi:{spec}", multi[:own_multistage], batch, run_own_multi))
     for key, key_dirs, size, run_chunk in work:
         todo = [d for d in key_dirs if (key, d.name) not in seen]
@@ -541,7 +550,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         "teacher": ", ".join(sorted({r["teacher"] for r in rows})) or "oracle-teacher",
         "config": {"tasks": Path(tasks).name, "max_turns": max_turns,
                    "episodes_by_policy": dict(Counter(
-                       e.get("key", "") if e.get("key", "").startswith(("multi:", "single:")) else "first-mistake"
+                       e.get("key", "") if e.get("key", "").startswith(("multi:", "single:", "chain")) else "first-mistake"
                        if e["source"] == "injected" else policy_label(e.get("key", "own:").split(":", 1)[-1])
                        for e in done for _ in e["tasks"])), "batch": batch, "held_out": held_out,
                    "prompt_version": PROMPT_VERSION, "round": round_, "filters_run": ["dedup"],

@@ -43,6 +43,10 @@ SPLITS = ("train", "test", "test_ood")
 TIER = "drills"
 AGENT_TIMEOUT_SEC = 120.0
 VERIFIER_TIMEOUT_SEC = 30.0
+STAGES_DONE_LINE = "STAGES DONE: "
+"""A chain's verifier prints ``STAGES DONE: <j> of <k>`` (``j`` of its ``k`` stages pass every check)."""
+STAGES_LEFT_LINE = "STAGES LEFT: "
+"""...and, unless every stage is done, ``STAGES LEFT: part 2 (<family>), part 3 (<family>)``."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,20 @@ def test_script(drill: Drill, name: str) -> str:
         f"# Verifier of drill {name}: plain bash checks; reward 1 when every check passes, else 0.",
         "mkdir -p /logs/verifier", "fail=0",
     ]  # fmt: skip
-    for check in drill.checks:
+    if drill.stage_checks:  # a chain: which stages are done, which are left (reterm.drills.multistage.stages_done)
+        out.append('stages_done=0; left=""')
+        first = 0
+        for i, (n, part) in enumerate(zip(drill.stage_checks, drill.parts), 1):
+            out.append("s=0")
+            for check in drill.checks[first : first + n]:
+                msg = "FAIL: " + check.message
+                out += [f"if {check.condition}", "then :", f"else echo {_sh_quote(msg)}; fail=1; s=1", "fi"]
+            first += n
+            out.append(f'if [ "$s" = 0 ]; then stages_done=$((stages_done + 1)); '
+                       f'else left="$left, part {i} ({part["family"]})"; fi')  # fmt: skip
+        out += [f'echo "{STAGES_DONE_LINE}$stages_done of {len(drill.stage_checks)}"',
+                f'if [ -n "$left" ]; then echo "{STAGES_LEFT_LINE}${{left#, }}"; fi']  # fmt: skip
+    for check in ([] if drill.stage_checks else drill.checks):
         msg = "FAIL: " + check.message
         out += [f"if {check.condition}", "then :", f"else echo {_sh_quote(msg)}; fail=1", "fi"]
     out += ['if [ "$fail" = 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi']

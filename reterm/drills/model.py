@@ -80,6 +80,7 @@ class Drill:
     recovery: list[str] | None = None
     stages: int = 1
     parts: list[dict[str, Any]] = field(default_factory=list)
+    stage_checks: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         cat = parse_category(self.category)
@@ -90,6 +91,10 @@ class Drill:
             raise ValueError(f"drill family {self.family}: solution has {len(self.solution)} commands (1 to {most})")
         if self.recovery is not None and not 1 <= len(self.recovery) <= most:
             raise ValueError(f"drill family {self.family}: recovery has {len(self.recovery)} commands (1 to {most})")
+        if self.stage_checks and (len(self.stage_checks) != self.stages or sum(self.stage_checks) != len(self.checks)
+                                  or min(self.stage_checks) < 1):  # fmt: skip
+            raise ValueError(f"drill family {self.family}: stage_checks {self.stage_checks} do not split "
+                             f"{len(self.checks)} checks into {self.stages} stages")
         for path in self.files:
             if not path.startswith("/") or ".." in path.split("/"):
                 raise ValueError(f"drill family {self.family}: environment path {path!r} is not absolute and clean")

@@ -123,6 +123,11 @@ def _drills(args: argparse.Namespace) -> int:
                                     test_fraction=args.test_fraction)  # fmt: skip
         if args.multistage:
             instances += add_train_instances(args.out, args.multistage)
+        for spec in args.chains or []:
+            k, _, n = spec.partition(":")
+            if not (k.isdigit() and n.isdigit()):
+                raise ValueError(f"--chains {spec!r}: expected STAGES:N, e.g. 3:24")
+            instances += add_train_instances(args.out, int(n), stages=int(k))
     except (ValueError, KeyError) as exc:
         print(f"reterm tasks drills: {exc}", file=sys.stderr)
         return 2
@@ -207,6 +212,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--test-fraction", type=float, default=0.25,
                    help="share of each other family's instances held out as test (default 0.25)")  # fmt: skip
     p.add_argument("--multistage", type=int, default=0, help="also write N two-stage train drills (multi-10000, ...)")
+    p.add_argument("--chains", action="append", metavar="STAGES:N",
+                   help="also write N train chains of STAGES stages (chain3-10000, ...; repeatable, e.g. --chains 3:24 "
+                   "--chains 4:24)")  # fmt: skip
     p.add_argument("--no-check", action="store_true", help="write only; skip the sandbox check")
     p.add_argument("-n", "--n-concurrent", type=int, default=2, help="drills checked at a time (default 2)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
