@@ -15,7 +15,9 @@ import yaml
 
 from reterm.drills import FAMILIES, generate_drills
 from reterm.drills.caps import reference_needs, unwinnable
-from reterm.drills.multistage import generate_multistage
+from reterm.drills.multistage import (CHAIN_STAGES, TRAIN_START, generate_multistage, make_multistage, record_kinds,
+                                      resume_plan, turn_budget)
+from reterm.policies.scripted import bash_call, turn_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,3 +130,28 @@ def test_capped_oracle_passes_from_start_and_from_injected_states(tokenizer, tmp
         assert len(whole) - len(prompt) <= budget, (a.task_dir.name, len(whole) - len(prompt))
     old_starts, _, old_recs = asyncio.run(go(56))
     assert any(not a.trajectory.passed for a in old_starts + old_recs)
+
+
+@pytest.mark.parametrize("k", [2, *CHAIN_STAGES])
+def test_chain_references_fit_the_turn_budget_with_margin(tokenizer, k):
+    """Every chain's whole reference, its recovery after the first mistake, and every failed first attempt and
+    resumption the SFT data types on it (:func:`resume_plan`) fit the turns a chain of ``k`` stages gets
+    (:func:`turn_budget`) with at least 2 turns to spare, and each tool call fits the mechanism's tokens per turn
+    (run_all's MECH_SIZE); a budget of the reference's own length minus one would not (the check can fail)."""
+    cap = _flag(_run_all_sizes("MECH_SIZE"), "--max-new-tokens")
+    longest = 0
+    for i in [*range(48), *range(TRAIN_START, TRAIN_START + 48)]:
+        d = make_multistage(0, i, stages=k)
+        seqs = [d.solution, d.recovery_commands]
+        for kind in record_kinds(k):
+            first, teacher, _ = resume_plan(d.parts, kind)
+            seqs += [first, teacher]
+        turns = max(len(s) + 1 for s in seqs)  # + submit
+        longest = max(longest, turns)
+        assert turns <= turn_budget(k) - 2, (k, i, turns, turn_budget(k))
+        tokens = max(turn_tokens(bash_call(c), tokenizer) for s in seqs for c in s)
+        assert tokens <= cap, (k, i, tokens, cap)
+    assert longest > k + 1  # some stage needs more than one command: the margin is real
+    mech = _run_all_sizes("MECH_SIZE")
+    if "--stages" in mech and _flag(mech, "--stages") == k:  # the run's chains get their budget
+        assert _flag(mech, "--max-turns") >= turn_budget(k)

@@ -113,8 +113,8 @@ def test_chains_in_the_sandbox_oracle_passes_null_fails_and_resumption_passes(tm
             plans = [resume_plan(parts, f"part{j}_submit") for j in range(1, k)]
             instr = (d / "instruction.md").read_text().strip()
             runs = [([], None)] + [(p[0], p) for p in plans] + [([c for p in parts for c in p["solution"]], None)]
-            firsts = await run_attempts(OraclePolicy([(instr, cmds)]), [d] * len(runs), max_turns=turn_budget(k),
-                                        keep_failed_snapshots=True)  # fmt: skip
+            firsts = [(await run_attempts(OraclePolicy([(instr, cmds)]), [d], max_turns=turn_budget(k),
+                                          keep_failed_snapshots=True))[0] for cmds, _ in runs]  # fmt: skip
             failed = [(a, p) for a, (_, p) in zip(firsts, runs) if p is not None]
             try:
                 recs = [await run_attempts(OraclePolicy([(instr, p[1])]), [d], states=[attempt_end_state(a)],

@@ -225,8 +225,9 @@ def add_train_instances(out: str | Path, n: int, *, stages: int = 2) -> list[Dri
 def turn_budget(stages: int) -> int:
     """Turns an attempt on a drill of ``stages`` stages gets in the kit's runs: ``3 * stages + 2`` (8 for two
     stages, the budget the two-stage runs always had; 11 for three, 14 for four). A stage's reference is 1 to 4
-    commands, 2.0 on average over the drills families, so the whole reference with its submit leaves a margin
-    (``tests/test_caps.py`` checks every generated chain's reference, its recoveries and resumptions against it).
+    commands, 1.6 on average (384 stages of 128 three-stage chains of seed 0), so the whole reference with its
+    submit leaves a margin: the longest reference, recovery or resumption of 128 chains of seed 0 needs 8 turns of
+    11 (three stages) and 10 of 14 (four); ``tests/test_caps.py`` checks it, with at least 2 turns to spare.
 
     Raises:
         ValueError: ``stages`` < 1.

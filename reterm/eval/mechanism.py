@@ -27,11 +27,18 @@ counted apart and leave the groups (a group needs two scored attempts). Each ``g
 ``failure_state`` records the chosen attempt (``from_attempt``, its index in the start group) and its
 ``failed_checks`` (``None``: no verifier output).
 
-Tasks are multi-stage drills (:mod:`reterm.drills.multistage`): two chained hurdles, so a failed attempt can
-keep real progress. Power: with ``psi`` the share of paired tasks on which the two arms disagree (one group
+Tasks are multi-stage drills (:mod:`reterm.drills.multistage`): two chained hurdles (``--stages 2``) or a chain
+of three or four (``--chain-stages 3``), so a failed attempt can keep real progress. A chain's verifier reports
+its stages done (:func:`reterm.drills.multistage.stages_done`): there the failure state is the failed attempt with
+the most stages done (ties, and drills without the report: :func:`most_progress`), each row records the stages
+done of every start attempt and of the chosen one, and ``by_stages_done`` gives both arms' pass rate and share
+by the failure state's stages done (paired by task). A ``--max-turns`` below the chain's
+:func:`reterm.drills.multistage.turn_budget` is run as asked, with a note (a CI run keeps its turns small). Power: with ``psi`` the share of paired tasks on which the two arms disagree (one group
 has signal, the other not), a paired difference ``delta`` is detected with 80% power at 95% (two-sided) with
 about ``n = 7.85 (psi - delta^2) / delta^2`` tasks (the normal approximation of McNemar's test); the smallest
-detectable difference at ``n`` is ``sqrt(7.85 psi / (n + 7.85))``, reported next to the difference.
+detectable difference at ``n`` is ``sqrt(7.85 psi / (n + 7.85))``, reported next to the difference. Before it
+runs, the command prints the calculation for the assumed ``psi`` and ``delta`` (``--assumed-discordance``,
+``--planned-delta``) and the tasks it will run; ``mechanism.json`` keeps it (``power_plan``).
 
 Outputs in ``DIR``: ``tasks/`` (the drills), ``groups.jsonl`` (one line per task, appended as chunks finish:
 a rerun resumes after the last finished chunk and never counts a task twice), ``attempts.jsonl`` (every
@@ -51,7 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from reterm.data.drills import read_splits
-from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage
+from reterm.drills.multistage import (DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage, stages_done,
+                                      turn_budget)
 from reterm.eval.drills import spread
 from reterm.policies import load_policy
 from reterm.recovery.attempts import attempt_end_state, failed_checks, most_progress, release, run_attempts
@@ -64,6 +72,33 @@ ARMS = ("task_start", "failure_state")
 
 def _say(msg: str) -> None:
     print(f"[mechanism] {msg}", flush=True)
+
+
+def power_plan(n_tasks: int, psi: float, delta: float) -> dict[str, Any]:
+    """The calculation stated before a run: paired tasks needed for 80% power at 95% (two-sided) to detect
+    ``delta`` at discordance ``psi`` (``n = 7.85 (psi - delta^2) / delta^2``), the tasks planned, and the smallest
+    difference detectable at that many (``sqrt(7.85 psi / (n + 7.85))``; tasks without a failure state drop out of
+    the pairs, so the real n can be lower)."""
+    return {"psi_assumed": psi, "delta": delta, "n_needed": items_needed(psi, delta), "n_planned": n_tasks,
+            "min_detectable_at_planned": min_detectable(psi, n_tasks)}  # fmt: skip
+
+
+def _done(attempt: Any) -> int | None:
+    """Stages done by an attempt (its verifier's ``STAGES DONE`` line), ``None`` without one."""
+    sd = stages_done(attempt.trajectory.metadata.get("verifier_output_tail"))
+    return None if sd is None else sd[0]
+
+
+def chain_most_progress(attempts: list[Any]) -> Any | None:
+    """The failed attempt with the most stages done (a chain's verifier report), ties broken by
+    :func:`most_progress`; plain :func:`most_progress` when no failed attempt has the report. ``None``: no failed
+    attempt with a step."""
+    failed = [a for a in attempts if a.failed and a.trajectory.steps]
+    known = [(d, a) for a in failed if (d := _done(a)) is not None]
+    if not known:
+        return most_progress(attempts)
+    best = max(d for d, _ in known)
+    return most_progress([a for d, a in known if d == best])
 
 
 def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict[str, Any]:
@@ -107,6 +142,25 @@ def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict
         by_cat[cat]["task_start"].append(r["task_start"]["rewards"])
         by_cat[cat]["failure_state"].append(r["failure_state"]["rewards"])
     out["by_category"] = {c: {arm: share_with_interval(v[arm]) for arm in ARMS} for c, v in sorted(by_cat.items())}
+    by_done: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in fail_rows:
+        if r["failure_state"].get("stages_done") is not None:
+            by_done[str(r["failure_state"]["stages_done"])].append(r)
+    out["by_stages_done"] = {}
+    for j, rs in sorted(by_done.items(), key=lambda kv: int(kv[0])):
+        pa, pb = [], []
+        for r in rs:
+            ka, sa = group_signal(r["task_start"]["rewards"])
+            kb, sb = group_signal(r["failure_state"]["rewards"])
+            if ka >= 2 and kb >= 2:
+                pa.append(float(sa))
+                pb.append(float(sb))
+        out["by_stages_done"][j] = {
+            "tasks": len(rs),
+            "pass_rate": {arm: rate([x for r in rs for x in r[arm]["rewards"] if x is not None]) for arm in ARMS},
+            "signal_attempt_share": {arm: share_with_interval([r[arm]["rewards"] for r in rs]) for arm in ARMS},
+            "difference": paired_bootstrap(pa, pb),
+        }
     return out
 
 
@@ -147,13 +201,14 @@ async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -
         group = starts[i * g : (i + 1) * g]
         row = {"task": t.name, "family": t.family, "category": t.category,
                "task_start": {"rewards": _rewards(group)}, "failure_state": None}  # fmt: skip
-        failed = most_progress(group)
+        row["task_start"]["stages_done"] = [_done(a) for a in group]
+        failed = chain_most_progress(group)
         release([a for a in group if a is not failed])
         if failed is not None:
             st = attempt_end_state(failed)
             row["failure_state"] = {"state_id": st.id, "category": st.category,
                                     "from_attempt": [a is failed for a in group].index(True),
-                                    "failed_checks": failed_checks(failed)}  # fmt: skip
+                                    "failed_checks": failed_checks(failed), "stages_done": _done(failed)}  # fmt: skip
             states.append(st)
             snaps.append(failed)
             owners.append(i)
@@ -185,7 +240,7 @@ def single_stage_tasks(drills: Path, split: str, n: int) -> list[Any]:
     import tomllib
 
     # the folder's multi-stage train instances (``multi-10000``, ...) are not single-stage
-    names = [n for n in read_splits(drills).get(split) or [] if not n.startswith("multi-")]
+    names = [n for n in read_splits(drills).get(split) or [] if not n.startswith(("multi-", "chain"))]
     if not names:
         raise ValueError(f"{drills}/splits.json: split {split!r} has no single-stage instance")
     out = []
@@ -223,6 +278,22 @@ def report(m: dict[str, Any]) -> str:
               "| category | task_start | failure_state |", "|---|---|---|"]  # fmt: skip
     for c, v in m["by_category"].items():
         lines.append(f"| {c} | {fmt(v['task_start'])} | {fmt(v['failure_state'])} |")
+    if m.get("by_stages_done"):
+        lines += ["", "## By the failure state's stages done", "",
+                  "| stages done | tasks | pass rate task_start | pass rate failure_state | share task_start | "
+                  "share failure_state | paired difference in share |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for j, v in m["by_stages_done"].items():
+            d = v["difference"]
+            diff = "-" if d["diff"] is None else f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (n={d['n']})"
+            lines.append(f"| {j} | {v['tasks']} | {fmt(v['pass_rate']['task_start'])} | "
+                         f"{fmt(v['pass_rate']['failure_state'])} | {fmt(v['signal_attempt_share']['task_start'])} | "
+                         f"{fmt(v['signal_attempt_share']['failure_state'])} | {diff} |")  # fmt: skip
+    if m.get("power_plan"):
+        pp = m["power_plan"]
+        lines += ["", f"Planned before the run: assumed discordance {pp['psi_assumed']}, difference {pp['delta']}: "
+                  f"n = 7.85 (psi - delta^2) / delta^2 = {pp['n_needed']} paired tasks for 80% power at 95% "
+                  f"(two-sided); planned {pp['n_planned']} (smallest detectable there: "
+                  f"{pp['min_detectable_at_planned']})."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -259,11 +330,17 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     p.add_argument("--model", required=True, help="policy spec: hf:PATH, smollm2, ...")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--tasks", type=int, default=48, help="multi-stage drills (paired items)")
-    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--stages", "--chain-stages", dest="stages", type=int, default=2,
+                   help="stages of each drill: 2 (two-stage drills) or a chain of 3 or 4")
+    p.add_argument("--assumed-discordance", type=float, default=0.4,
+                   help="psi of the power calculation printed before the run (share of tasks whose arms disagree)")
+    p.add_argument("--planned-delta", type=float, default=0.2,
+                   help="difference in signal share the power calculation is for")
     p.add_argument("--group-size", type=int, default=4, help="G attempts per group in each arm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.9, help="GRPO's sampling temperature")
-    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-turns", type=int, default=8, help="turns an attempt gets (at least the chain's "
+                   "reterm.drills.multistage.turn_budget: 8 for 2 stages, 11 for 3, 14 for 4)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=32, help="attempts generated together (a multiple of G is best)")
     p.add_argument("--families", default=None, help="comma-separated stage families (default: all in-distribution)")
@@ -285,6 +362,17 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
         print(f"eval.mechanism: {exc}", file=sys.stderr)
         return 2
 
+    max_turns = a.max_turns
+    if a.drills is None and max_turns < turn_budget(a.stages):
+        _say(f"note: --max-turns {max_turns} is below the {turn_budget(a.stages)} turns a drill of {a.stages} stages "
+             "gets (reterm.drills.multistage.turn_budget): some references do not fit")
+    if not 0 < a.planned_delta < 1 or not 0 < a.assumed_discordance <= 1:
+        print("eval.mechanism: --planned-delta must be in (0, 1), --assumed-discordance in (0, 1]", file=sys.stderr)
+        return 2
+    plan = power_plan(len(tasks), a.assumed_discordance, a.planned_delta)
+    _say(f"power: assumed discordance psi={plan['psi_assumed']}, difference delta={plan['delta']}: "
+         f"n = 7.85*(psi - delta^2)/delta^2 = {plan['n_needed']} paired tasks for 80% power at 95% (two-sided); "
+         f"running {plan['n_planned']} tasks (smallest detectable there: {plan['min_detectable_at_planned']})")
     t0 = time.monotonic()
     journal = a.output / "groups.jsonl"
     done = {r["task"] for r in read_rows(journal)}
@@ -295,7 +383,7 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
         per_chunk = max(1, a.batch // a.group_size)
         for i in range(0, len(todo), per_chunk):
             chunk = todo[i : i + per_chunk]
-            rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=a.max_turns,
+            rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=max_turns,
                                                 max_consecutive_parse_errors=2))  # fmt: skip
             _append_lines(a.output / "attempts.jsonl", lines)
             _append_lines(journal, [json.dumps(r) for r in rows])
@@ -304,9 +392,11 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     rows = [r for r in read_rows(journal) if r["task"] in {t.name for t in tasks}]
     m = summarize(rows)
     m["settings"] = {"model": a.model, "group_size": a.group_size, "temperature": a.temperature,
-                     "tasks": f"{a.drills.name}/{a.split} (single-stage)" if a.drills else "multi-stage drills",
-                     "max_turns": a.max_turns, "max_new_tokens": a.max_new_tokens, "stages": a.stages,
+                     "tasks": f"{a.drills.name}/{a.split} (single-stage)" if a.drills else
+                     "multi-stage drills" if a.stages == 2 else f"chains of {a.stages} stages",
+                     "max_turns": max_turns, "max_new_tokens": a.max_new_tokens, "stages": a.stages,
                      "seed": a.seed, "families": list(families)}  # fmt: skip
+    m["power_plan"] = plan
     m["wall_s"] = round(time.monotonic() - t0, 1)
     write_json_atomic(a.output / "mechanism.json", m)
     (a.output / "report.md").write_text(report(m))
