@@ -129,3 +129,42 @@ def test_chains_in_the_sandbox_oracle_passes_null_fails_and_resumption_passes(tm
         assert [stages_done(tail(a)) for a in firsts] == [(j, k) for j in range(k + 1)]
         assert "STAGES LEFT: part 1 (" in tail(firsts[0]) and "STAGES LEFT" not in tail(firsts[-1])
         assert all(r.trajectory.passed for r in recs), [tail(r) for r in recs]
+
+
+@pytest.mark.slow
+def test_sft_data_on_chains_teaches_each_stage_and_the_resumption(tmp_path):
+    """``reterm.data.drills.build`` on three-stage train chains (one per :func:`record_kinds` kind), in the local
+    sandbox: a verified whole reference from each chain's start, and one verified recovery of each kind after the
+    feedback, whose failed attempt holds the reference of the stages it had done (``part<j>_submit``: j stages) and
+    whose trained part does the rest; the mistake kinds also give a step-level record."""
+    from datasets import concatenate_datasets
+
+    from reterm.data.drills import build
+    from reterm.records import NO_FAILURE_STEP, trains_on_mistake
+    from reterm.training.sft_data import load_records
+
+    generate_drills(tmp_path / "drills", 0, 1, families=["mkdir-parent", "exec-bit", "python-alias"], ood_families=[])
+    chains = add_train_instances(tmp_path / "drills", len(record_kinds(3)), stages=3)
+    build(tmp_path / "drills", tmp_path / "data", policies=[], max_turns=2, batch=4, held_out=0.0,
+          injected_per_family=0)  # fmt: skip
+    rows = concatenate_datasets([load_records(str(tmp_path / "data"), s) for s in ("train", "test")])
+    mine = [r for r in rows if r["task_id"].startswith("chain3-")]
+    whole = [r for r in mine if r["failure_step"] == NO_FAILURE_STEP]
+    assert sorted(r["task_id"] for r in whole) == sorted(c.name for c in chains)
+    resumed = {r["injection"]: r for r in mine if r["target_attempt_index"] == 2}
+    assert set(resumed) == set(record_kinds(3))
+    for kind, r in resumed.items():
+        assert r["verifier_reward"] == 1.0 and not trains_on_mistake(r)
+        k = r["train_from_message_index"]
+        assert r["messages"][k - 1]["role"] == "tool" and "did not pass" in r["messages"][k - 1]["content"]
+        task = next(c.path for c in chains if r["task_id"] == c.name)
+        first, teacher, _ = resume_plan(stage_parts(task), kind)
+
+        def calls(msgs):
+            return [json.loads(c["function"]["arguments"]).get("command") for m in msgs if m["role"] == "assistant"
+                    for c in m.get("tool_calls") or []]  # fmt: skip
+
+        assert [c for c in calls(r["messages"][:k]) if c] == first  # the state: j stages (and a mistake) done
+        assert [c for c in calls(r["messages"][k:]) if c] == teacher  # trained: the rest of the chain
+    step_level = {r["injection"] for r in mine if r["target_attempt_index"] == 1 and r["failure_step"] >= 0}
+    assert step_level == {k for k in record_kinds(3) if k.endswith("_mistake")}
