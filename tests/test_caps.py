@@ -15,8 +15,15 @@ import yaml
 
 from reterm.drills import FAMILIES, generate_drills
 from reterm.drills.caps import reference_needs, unwinnable
-from reterm.drills.multistage import (CHAIN_STAGES, TRAIN_START, generate_multistage, make_multistage, record_kinds,
-                                      resume_plan, turn_budget)
+from reterm.drills.multistage import (
+    CHAIN_STAGES,
+    TRAIN_START,
+    generate_multistage,
+    make_multistage,
+    record_kinds,
+    resume_plan,
+    turn_budget,
+)
 from reterm.policies.scripted import bash_call, turn_tokens
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +82,8 @@ def test_every_drill_reference_fits_the_runs_caps(tokenizer, drills):
         assert not bad, f"{name}: {len(bad)} drills need more than {t_tokens} tokens x {t_turns} turns: {bad[:3]}"
     # the multi-stage drills of the mechanism stage fit its caps too
     flags = _run_all_sizes("MECH_SIZE")
-    multi = generate_multistage(drills[0].parent.parent / "multi", 0, _flag(flags, "--tasks"))
+    stages = _flag(flags, "--chain-stages") if "--chain-stages" in flags else 2
+    multi = generate_multistage(drills[0].parent.parent / "multi", 0, _flag(flags, "--tasks"), stages=stages)
     bad = unwinnable([t.path for t in multi], tokenizer, max_turn_tokens=_flag(flags, "--max-new-tokens"),
                      max_turns=_flag(flags, "--max-turns"))  # fmt: skip
     assert not bad, bad[:3]
@@ -153,5 +161,6 @@ def test_chain_references_fit_the_turn_budget_with_margin(tokenizer, k):
         assert tokens <= cap, (k, i, tokens, cap)
     assert longest > k + 1  # some stage needs more than one command: the margin is real
     mech = _run_all_sizes("MECH_SIZE")
-    if "--stages" in mech and _flag(mech, "--stages") == k:  # the run's chains get their budget
-        assert _flag(mech, "--max-turns") >= turn_budget(k)
+    for flag in ("--stages", "--chain-stages"):
+        if flag in mech and _flag(mech, flag) == k:  # the run's chains get their budget
+            assert _flag(mech, "--max-turns") >= turn_budget(k)

@@ -13,8 +13,17 @@ import pytest
 from reterm.drills import generate_drills
 from reterm.drills.families import DEFAULT_OOD_FAMILIES
 from reterm.drills.generate import stage_parts
-from reterm.drills.multistage import (CHAIN_STAGES, TRAIN_START, add_train_instances, generate_multistage,
-                                      make_multistage, record_kinds, resume_plan, stages_done, turn_budget)
+from reterm.drills.multistage import (
+    CHAIN_STAGES,
+    TRAIN_START,
+    add_train_instances,
+    generate_multistage,
+    make_multistage,
+    record_kinds,
+    resume_plan,
+    stages_done,
+    turn_budget,
+)
 
 TWO_STAGE_DIGEST = "144147d3a317b7a6a9d2cab3b9df6f4b36c6633bd2cce9f270b9175f81e43f29"
 """sha256 over the paths and bytes of the two-stage drills below, as the code wrote them before chains existed

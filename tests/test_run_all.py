@@ -230,13 +230,15 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
     assert "--max_steps 15" in cmds["grpo"] and "--max_steps 15" in cmds["grpo-standard"]
     assert "eval.mechanism" in cmds["mechanism"] and f"--model hf:{tmp_path}/d/sft/merged" in cmds["mechanism"]
-    assert "--tasks 24 --group-size 4" in cmds["mechanism"]
+    assert "--tasks 48 --group-size 4 --chain-stages 4 --max-turns 14" in cmds["mechanism"]
+    assert "--chains 4:24" in cmds["drills"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
     assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 120" in cmds["eval"]
     assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
     r = _run_all("--dry-run", "--size", "ci", "--run-dir", str(tmp_path / "c"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
     assert "--per-family 4 --no-check --multistage 2" in cmds["drills"] and "--max_steps 2" in cmds["sft"]
+    assert "--chain-stages 3 --max-turns 3" in cmds["mechanism"]  # CI's chains: as short as its two-stage runs were
     assert "--max_steps 1 --num_generations 2" in cmds["grpo"]
     assert "--max-id 2" in cmds["eval"]
     assert not (tmp_path / "d").exists()  # a dry run writes nothing

@@ -223,7 +223,9 @@ case "$RECIPE:$SIZE" in
     # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
     # start until 150 failed, once; then 150 recovery attempts per model). Left out for time (about 3 min a model;
     # `python -m eval.drills` runs them by default): Recovery@1 from injected states, own Recovery@k.
-    DRILL_SIZE=(--per-family 32 --multistage 48)
+    # plus 24 four-stage train chains (docs/DRILLS.md, "Chains"): their whole references and one scripted failed
+    # attempt each recovered from j stages done (the SFT start learns each stage and the resumption)
+    DRILL_SIZE=(--per-family 32 --multistage 48 --chains 4:24)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 16)
     # the mine stage: the SFT model also attempts every two-stage train drill (8 turns): its own failed attempts
     # there are recovered and kept as records (the CPU GRPO recipe seeds from the injected ones only:
@@ -237,17 +239,21 @@ case "$RECIPE:$SIZE" in
     # (bench/eval_workers.py), twice the memory (the stage peaked at 11.2 GB).
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
                --multistage-states 150 --workers 2)
-    # the mechanism: 24 two-stage drills x (G=4 from the start + G=4 from the failed one with the most progress)
-    # = 192 attempts (48 drills took 27 min alone and still had no power for the difference it looks for: README),
-    # at temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
+    # the mechanism, on held-out four-stage chains, where a fresh attempt rarely finishes and a state with stages
+    # done often can: 48 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 384
+    # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs: assumed discordance 0.4,
+    # difference 0.25: n = 7.85 (0.4 - 0.0625) / 0.0625 = 43 paired tasks for 80% power at 95% (two-sided).
+    # Not yet measured; estimated from 48 two-stage drills at 8 turns taking 27 min: about 45 to 60 min.
+    # At temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
     # tasks; at 0.7, 729 of 732 turns were valid tool calls)
-    MECH_SIZE=(--tasks 24 --group-size 4 --max-turns 8 --max-new-tokens 96 --temperature 0.7)
+    MECH_SIZE=(--tasks 48 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
+               --planned-delta 0.25 --assumed-discordance 0.4)
     ;;
 esac
 case "$SIZE" in
   default) ;;
   ci)
-    DRILL_SIZE=(--per-family 4 --no-check --multistage 2)   # GRPO trains on the two-stage ones (recipes: seed_tasks)
+    DRILL_SIZE=(--per-family 4 --no-check --multistage 2 --chains 3:1)   # GRPO trains on the two-stage ones (recipes: seed_tasks)
     DATA_SIZE=(--own-tasks 4 --max-tasks 12)
     MINE_SIZE=(--own-multistage 1)
     SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
@@ -257,7 +263,7 @@ case "$SIZE" in
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
     EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48 --multistage-states 2
                --workers 2)
-    MECH_SIZE=(--tasks 2 --group-size 2 --max-turns 3 --max-new-tokens 48)
+    MECH_SIZE=(--tasks 2 --group-size 2 --chain-stages 3 --max-turns 3 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;
 esac

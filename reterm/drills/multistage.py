@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
-from reterm.drills.generate import (STAGES_DONE_LINE, DrillInstance, instance_name, make_drill, task_files,
-                                    write_task)
+from reterm.drills.generate import STAGES_DONE_LINE, DrillInstance, instance_name, make_drill, task_files, write_task
 from reterm.drills.model import Drill
 from reterm.recovery.taxonomy import Category
 from reterm.trajectory import write_json_atomic

@@ -58,8 +58,13 @@ from pathlib import Path
 from typing import Any
 
 from reterm.data.drills import read_splits
-from reterm.drills.multistage import (DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage, stages_done,
-                                      turn_budget)
+from reterm.drills.multistage import (
+    DEFAULT_STAGE_FAMILIES,
+    MultiStageInstance,
+    generate_multistage,
+    stages_done,
+    turn_budget,
+)
 from reterm.eval.drills import spread
 from reterm.policies import load_policy
 from reterm.recovery.attempts import attempt_end_state, failed_checks, most_progress, release, run_attempts
