@@ -133,8 +133,9 @@ def test_capped_oracle_passes_from_start_and_from_injected_states(tokenizer, tmp
     budget = min(b for _, _, _, b in _grpo_caps())
     for a in starts + recs:
         k = a.trajectory.prefix_len  # the history's steps (the failed first attempt): prompt, not completion
-        prompt = tokenizer.apply_chat_template(template_messages(a.trajectory.to_messages(upto=k)), tokenize=True)
-        whole = tokenizer.apply_chat_template(template_messages(a.trajectory.to_messages()), tokenize=True)
+        prompt = tokenizer.apply_chat_template(template_messages(a.trajectory.to_messages(upto=k)), tokenize=True,
+                                               return_dict=False)
+        whole = tokenizer.apply_chat_template(template_messages(a.trajectory.to_messages()), tokenize=True, return_dict=False)
         assert len(whole) - len(prompt) <= budget, (a.task_dir.name, len(whole) - len(prompt))
     old_starts, _, old_recs = asyncio.run(go(56))
     assert any(not a.trajectory.passed for a in old_starts + old_recs)
