@@ -133,7 +133,11 @@ stage() {
   selected "$name" || return 0
   if [ "$DRY_RUN" = 1 ]; then
     printf '\n[%s]\n ' "$name"; printf ' %q' "$@"; printf '\n'   # shell-quoted: train/check_recipe.py reads it
-    [ -n "${WATCH:-}" ] && printf '  (done already = skipped, unless this command or %s changed)\n' "$WATCH"
+    if [ -f "$RUN/stages/$name.json" ]; then   # the completion record train/stages.py writes
+      printf '  (done already = skipped, unless this command%s changed)\n' "${WATCH:+ or $WATCH}"
+    else
+      printf '  (not done yet: runs)\n'
+    fi
     return 0
   fi
   local opts=(--run-dir "$RUN" --stage "$name" --outputs "$output") s after=0
@@ -201,16 +205,15 @@ if [ -f "$RECIPES/grpo_standard.yaml" ]; then GRPO_STANDARD=(--config "$RECIPES/
 else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 
 # ------------------------------------------------------------------------------------------ sizes
-# default: the recipes' own sizes, cut here for a run of the embedded default on 2 CPU cores (fewer SFT
-# epochs and GRPO steps), plus the evaluation's sizes (eval/configs/local.yaml is sized for a careful
-# evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
+# default: the recipes' own training sizes (SFT for sft.yaml's epochs; --max_steps 15 is grpo.yaml's own value),
+# plus the drills', data's, mechanism's and evaluation's sizes for a run of the embedded default on 2 CPU cores
+# (eval/configs/local.yaml is sized for a careful evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
 # "Measured" section (train/measured.py) says, for the run it shows, which of these it used.
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
 DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=(); MINE_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
-    # The embedded default, cut toward issue 30's 100-minute budget on 2 cores (docs/REPRODUCING.md; what a run
-    # of these sizes took: README, "Measured"):
+    # The embedded default on 2 cores (docs/REPRODUCING.md; what a run of these sizes took: docs/RESULTS.md):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
     # of each family and types whole reference solutions on 16 others (the first turn from the task's start), 48 whole
