@@ -133,10 +133,12 @@ stage() {
   selected "$name" || return 0
   if [ "$DRY_RUN" = 1 ]; then
     printf '\n[%s]\n ' "$name"; printf ' %q' "$@"; printf '\n'   # shell-quoted: train/check_recipe.py reads it
-    if [ -f "$RUN/stages/$name.json" ]; then   # the completion record train/stages.py writes
+    if [ "$name" = setup ]; then
+      printf '  (always runs: installs only what is missing)\n'
+    elif [ -f "$RUN/stages/$name.json" ]; then   # the completion record train/stages.py writes
       printf '  (done already = skipped, unless this command%s changed)\n' "${WATCH:+ or $WATCH}"
     else
-      printf '  (not done yet: runs)\n'
+      printf '  (not done yet: runs; once done, skipped unless this command%s changed)\n' "${WATCH:+ or $WATCH}"
     fi
     return 0
   fi

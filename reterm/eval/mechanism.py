@@ -253,8 +253,8 @@ def plot(m: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
-    """The command line (see the module docstring); ``policy`` replaces ``--model``'s (tests)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (``python -m eval.mechanism --help``)."""
     p = argparse.ArgumentParser(prog="python -m eval.mechanism", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="policy spec: hf:PATH, smollm2, ...")
     p.add_argument("--output", required=True, type=Path)
@@ -272,7 +272,12 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     p.add_argument("--drills", type=Path, default=None,
                    help="use this drills folder's single-stage instances (--split) instead of multi-stage drills")
     p.add_argument("--split", default="train", help="with --drills: the split whose instances are used")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
+    """The command line (see the module docstring); ``policy`` replaces ``--model``'s (tests)."""
+    a = build_parser().parse_args(argv)
     if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
         print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
         return 2
