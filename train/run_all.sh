@@ -69,7 +69,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
   --recipe NAME      smollm2-135m (default: the embedded default, CPU) or qwen3.5-9b (GPUs)
-  --size NAME        default (the sizes block of train/run_all.sh; what a run took: README, "Measured")
+  --size NAME        default (the sizes block of train/run_all.sh; what a run took: docs/RESULTS.md)
                      or ci (a reduced chain for CI)
   --run-dir DIR      where everything goes (default runs/RECIPE, runs/RECIPE-ci for --size ci)
   --from STAGE       run STAGE and the stages after it
@@ -209,8 +209,8 @@ else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 # ------------------------------------------------------------------------------------------ sizes
 # default: the recipes' own training sizes (SFT for sft.yaml's epochs; --max_steps 15 is grpo.yaml's own value),
 # plus the drills', data's, mechanism's and evaluation's sizes for a run of the embedded default on 2 CPU cores
-# (eval/configs/local.yaml is sized for a careful evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
-# "Measured" section (train/measured.py) says, for the run it shows, which of these it used.
+# (eval/configs/local.yaml is sized for a careful evaluation, not for this budget). What a run of these sizes took
+# is measured, not promised: docs/RESULTS.md (train/measured.py) says, for the run it shows, which of these it used.
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
 DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=(); MINE_SIZE=()
 case "$RECIPE:$SIZE" in
@@ -222,7 +222,7 @@ case "$RECIPE:$SIZE" in
     # two-stage solutions and 48 two-stage failed attempts with their recoveries,
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs with bf16 autocast where the CPU has it (~53 min on 2 cores; one epoch, 35 min, passed 0.38 of the
-    # held-out drills and none of the two-stage ones: README, "Measured");
+    # held-out drills and none of the two-stage ones: docs/RESULTS.md);
     # 15 GRPO steps of two groups of G=4 each (120 attempts) on the two-stage drills. The evaluation: every one of the 120
     # in-distribution test instances and 12 held-out-family instances for Pass@1, and Recovery@1 from 150 own
     # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
@@ -243,8 +243,8 @@ case "$RECIPE:$SIZE" in
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
                --multistage-states 150 --workers 2)
     # the mechanism: 24 two-stage drills x (G=4 from the start + G=4 from the failed one with the most progress)
-    # = 192 attempts (48 drills took 27 min alone and still had no power for the difference it looks for: README),
-    # at temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
+    # = 192 attempts (48 drills took 27 min alone and still had no power for the difference it looks for:
+    # docs/EXPERIMENTS.md), at temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the SFT model wrote tool-schema debris on two-part
     # tasks; at 0.7, 729 of 732 turns were valid tool calls)
     MECH_SIZE=(--tasks 24 --group-size 4 --max-turns 8 --max-new-tokens 96 --temperature 0.7)
     ;;
