@@ -289,3 +289,28 @@ def test_dry_run_says_done_already_only_for_a_completed_stage(tmp_path):
     some = dry(tmp_path / "r")
     assert "done already = skipped, unless this command or train/recipes/smollm2-135m/sft.yaml changed" in some["sft"]
     assert "not done yet" in some["data"]
+
+
+def test_a_comment_edit_of_a_watched_recipe_re_runs_nothing(tmp_path, capsys):
+    """Recipe comments are docs: fixing one must not re-run a completed training stage; a changed value must."""
+    sys.path.insert(0, str(REPO / "train"))
+    import stages
+
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("max_steps: 15   # 15 steps\n# time: not yet measured\nname: 'a # b'\n")
+    ok = [sys.executable, "-c", "pass"]
+    run = tmp_path / "run"
+    assert stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg]) == 0
+    cfg.write_text("# time: 9m15s, 5.0 GB\nmax_steps: 15      # a comment re-worded\n\nname: 'a # b'\n")
+    capsys.readouterr()
+    stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg])
+    assert "done already" in capsys.readouterr().out
+    cfg.write_text("max_steps: 15\nname: 'a # c'\n")  # inside a quoted string: a value, not a comment
+    stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg])
+    assert "changed since it completed" in capsys.readouterr().out
+    # a record written with the older digest of the file's bytes still counts as done
+    record = stages.read_marker(run, "grpo")
+    record["inputs"] = {str(cfg): stages.raw_digest(cfg)}
+    stages.write_json_atomic(stages.marker_path(run, "grpo"), record)
+    stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg])
+    assert "done already" in capsys.readouterr().out

@@ -29,7 +29,6 @@ markers.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import subprocess
@@ -43,7 +42,7 @@ from check_recipe import parse_dry_run  # noqa: E402
 
 from reterm.eval.drills import multistage_states_line  # noqa: E402
 
-from run_records import REPO, fmt_duration, fmt_mb  # noqa: E402
+from run_records import REPO, config_digest, fmt_duration, fmt_mb, raw_digest  # noqa: E402
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 MODEL_LABELS = {"base": "base (SmolLM2-135M-Instruct)", "sft": "SFT cold start", "grpo-standard": "standard GRPO",
@@ -90,8 +89,9 @@ def command_differences(run: list[str], today: list[str]) -> list[str]:
 
 
 def digest(path: Path) -> str | None:
-    """The stage runner's digest of a watched file (``train/stages.py`` ``_digest``): 16 hex of its SHA-256."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+    """The stage runner's digest of a watched file (``train/stages.py`` ``_digest``: :func:`config_digest`, a
+    YAML recipe's settings without its comments)."""
+    return config_digest(path)
 
 
 def todays_commands(run_dir: str, size: str, recipe: str) -> dict[str, list[str]]:
@@ -135,7 +135,7 @@ def differences(prov: dict[str, Any], today: dict[str, list[str]], run: str = ""
                                     portable(today[stage], run))  # fmt: skip
         for path, old in sorted((rec.get("inputs") or {}).items()):
             new = digest(REPO / path)
-            if new != old:
+            if old not in (new, raw_digest(REPO / path)):  # a record made before comments were left out: bytes
                 diffs.append(f"`{path}` {'changed' if new else 'is gone'} since the run (digest {old} -> {new})")
         lines += [f"- `{stage}`: {d}" for d in diffs]
     return lines

@@ -42,7 +42,7 @@
 #
 # Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time, unless its
 # command changed or, for the stages that watch a config file (the training stages' recipes; at 9B also the
-# data stage's pipeline config and the eval config), that file changed. A stage that was interrupted (Ctrl-C,
+# data stage's pipeline config and the eval config), what that file sets changed (its comments do not count). A stage that was interrupted (Ctrl-C,
 # kill -9, a crash) runs again with the same command, and its own tool resumes what it keeps: the data and
 # mine stages from their journals, the trainers from their last checkpoint, the mechanism from its groups
 # journal, the drills evaluation model by model (a model whose metrics.json exists is skipped; one
