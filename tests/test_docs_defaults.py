@@ -1,5 +1,8 @@
 """The defaults the docs quote are the code's: tokens a turn, the embedded default's sizes (drills per family, SFT
-steps, GRPO steps, groups per step and G, evaluated instances) and the stage list.
+steps, GRPO steps, groups per step and G, evaluated instances), the stage list, GRPO's seed sources, the mechanism's
+sampling temperature, the token caps in the model card and the README's 9B commands; and the README stays a front
+page: the set-up command named, at most 250 lines, its results table the generated one's figures, no issue numbers
+or internal words in any doc, Harbor's ``jobs/`` ignored.
 
 Every value is read from the code (``reterm/generation.py``, the *sizes* block and ``STAGES`` of
 ``train/run_all.sh``, the recipe YAMLs), never written here, so a change of a default fails this test until the
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,9 @@ RUN_ALL = (REPO / "train" / "run_all.sh").read_text()
 RECIPES = REPO / "train" / "recipes" / "smollm2-135m"
 DOCS = {name: (REPO / name).read_text() for name in ("README.md", "docs/REPRODUCING.md", "docs/ARCHITECTURE.md",
                                                       "train/README.md")}  # fmt: skip
+# every page a user reads: README, docs/, the folders' READMEs and the card templates
+PUBLIC_DOCS = sorted({REPO / "README.md", *(REPO / "docs").glob("*.md"), *REPO.glob("*/README.md"),
+                      *(REPO / "reterm" / "cards" / "templates").glob("*.md")})  # fmt: skip
 WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "eight": 8}
 
 
@@ -172,3 +180,137 @@ def test_no_budget_is_claimed_for_the_default_in_minutes_without_a_run():
     help_text = re.findall(r"--size NAME\s+(.*)", RUN_ALL)
     assert help_text and not re.search(r"\d+ ?min|an hour", help_text[0]), help_text
     assert not re.search(r"sized for about an hour|at most 90 minutes", RUN_ALL + DOCS["docs/REPRODUCING.md"])
+
+
+def test_seed_sources_the_docs_name_are_the_cpu_recipe_s():
+    want = yaml.safe_load((RECIPES / "grpo.yaml").read_text())["seed_failure_sources"]
+    for doc, (listed,) in _matches(r"`seed_failure_sources: \[([a-z_, ]+)\]`", need=["docs/REPRODUCING.md"]):
+        assert [w.strip() for w in listed.split(",")] == want, f"{doc}: seed_failure_sources [{listed}]; grpo.yaml: {want}"
+    for doc, (source,) in _matches(r"recipe seeds from the (?:two-stage drills' )?(\w+) (?:ones|failed attempts)",
+                                   need=["docs/REPRODUCING.md", "train/README.md"]):  # fmt: skip
+        assert [source] == want, f"{doc}: the recipe seeds from {source}; grpo.yaml: {want}"
+
+
+def test_the_mechanism_samples_at_the_grpo_recipes_temperature():
+    from reterm.eval.mechanism import build_parser
+
+    default = build_parser().parse_args(["--model", "m", "--output", "o"]).temperature
+    recipe = {yaml.safe_load((RECIPES / r).read_text())["temperature"] for r in ("grpo.yaml", "grpo_standard.yaml")}
+    (mech,) = re.findall(r"MECH_SIZE=\([^)]*--temperature ([\d.]+)", RUN_ALL)
+    assert recipe == {default} == {float(mech)}, (default, recipe, mech)
+
+
+def test_token_caps_in_the_model_card_and_the_9b_commands_are_the_recipes():
+    from reterm.cards.model import TEMPLATE, turn_tokens
+    from reterm.cards.model_inputs import load_recipe
+    from reterm.generation import MAX_TURN_TOKENS
+
+    # the card's generation example takes the cap from the recipe that trained the model, never a literal
+    assert not re.findall(r"max_new_tokens=\d", TEMPLATE.read_text()), "templates/model.md: a literal max_new_tokens"
+    cpu = [load_recipe(RECIPES / "sft.yaml"), load_recipe(RECIPES / "grpo.yaml")]
+    big = REPO / "train" / "recipes" / "qwen3.5-9b"
+    nine_b = yaml.safe_load((big / "grpo.yaml").read_text())["max_turn_tokens"]
+    assert turn_tokens(cpu)[0] == turn_tokens(cpu[:1])[0] == MAX_TURN_TOKENS
+    assert turn_tokens([load_recipe(big / "sft.yaml"), load_recipe(big / "grpo.yaml")])[0] == nine_b
+    # ... and the rendered example carries it (huggingface_hub renders the template with jinja2)
+    import jinja2
+
+    page = jinja2.Template(TEMPLATE.read_text()).render(turn_tokens=turn_tokens(cpu), kind="full", repo_id="o/n",
+                                                        pct=lambda x: x)  # fmt: skip
+    assert f"max_new_tokens={MAX_TURN_TOKENS})" in page
+    # the README's commands of the released 9B give it its recipe's cap, in the same command
+    readme = DOCS["README.md"].replace("\\\n", " ")
+    nine_b_lines = [ln for ln in readme.splitlines() if "ReTerm-9B" in ln and re.search(r"reterm (run|serve)", ln)]
+    assert len(nine_b_lines) >= 2, nine_b_lines
+    for line in nine_b_lines:
+        caps = re.findall(r"max_new_tokens=(\d+)|--max-new-tokens (\d+)", line)
+        assert caps and all(int(a or b) == nine_b for a, b in caps), f"README: {line.strip()!r} lacks the 9B's cap {nine_b}"
+
+
+def test_the_readme_is_a_front_page():
+    readme = DOCS["README.md"]
+    lines = readme.splitlines()
+    assert len(lines) <= 250, f"README.md: {len(lines)} lines (at most 250; history goes to docs/EXPERIMENTS.md)"
+    # the first block: the two commands CI runs (.ci/run), exactly
+    first = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [ln.split("#")[0].strip() for ln in first] == ["bash train/run_all.sh", "bash tests/run.sh"], first
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "bash train/run_all.sh --size ci" in ci and "bash tests/run.sh" in ci
+    # the set-up command is named, in a command block, and exists
+    assert re.search(r"^bash scripts/setup\.sh\b", readme, re.M) and (REPO / "scripts" / "setup.sh").is_file()
+
+
+def test_the_readme_results_table_is_the_generated_one():
+    sys.path.insert(0, str(REPO / "train"))
+    import measured  # train/measured.py: the markers of the section it writes
+
+    results = (REPO / "docs" / "RESULTS.md").read_text()
+    generated = results.split(measured.BEGIN, 1)[1].split(measured.END, 1)[0]
+    rows = {ln.split("|")[1].strip(): ln for ln in generated.splitlines() if ln.startswith("| ")}
+    table = DOCS["README.md"].split("## Results", 1)[1].split("\n\n**", 1)[0]
+    readme_rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| model")]
+    assert len(readme_rows) == 4, readme_rows
+    for row in readme_rows:
+        label, *cells = [c.strip() for c in row.strip("|").split("|")]
+        assert label in rows, f"README: the row {label!r} is not in docs/RESULTS.md's generated table"
+        for cell in cells:
+            assert re.fullmatch(r"-?[\d.]+ \[[\d.]+, [\d.]+\] \(n=\d+\)", cell), f"README: {cell!r} lacks n or interval"
+            assert cell in rows[label], f"README: {label}: {cell} is not in docs/RESULTS.md's row"
+    # the run's commits, as the generated section names them
+    (commits,) = re.findall(r"code at commits? ((?:`[0-9a-f]{7}`(?:, )?)+)", generated)
+    assert commits in " ".join(DOCS["README.md"].split()), f"README: the run's commits {commits} not named"
+
+
+@pytest.mark.parametrize("path", PUBLIC_DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_doc_names_an_issue_or_internal_words(path):
+    text = " ".join(path.read_text().split())
+    bad = re.findall(r"\b[Ii]ssues? \d+|\b[Tt]he acceptance\b|\b(?:[Tt]his|[Tt]hat|[Tt]he next) session\b", text)
+    assert not bad, f"{path.relative_to(REPO)}: {bad}"
+
+
+def test_harbor_job_folders_are_ignored():
+    lines = [ln.strip() for ln in (REPO / ".gitignore").read_text().splitlines()]
+    assert "/jobs/" in lines or "jobs/" in lines
+
+
+def test_dry_run_says_done_already_only_for_a_completed_stage(tmp_path):
+    def dry(run):
+        out = subprocess.run(["bash", "train/run_all.sh", "--dry-run", "--run-dir", str(run)], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return {b.split("]", 1)[0]: b for b in out.stdout.split("\n[")[1:]}
+
+    fresh = dry(tmp_path / "fresh")
+    assert not [s for s, b in fresh.items() if "done already" in b], "a fresh run folder has no completed stage"
+    assert "(not done yet: runs; once done, skipped unless this command or train/recipes/smollm2-135m/sft.yaml " \
+           "changed)" in fresh["sft"]
+    (tmp_path / "r" / "stages").mkdir(parents=True)
+    (tmp_path / "r" / "stages" / "sft.json").write_text("{}")
+    some = dry(tmp_path / "r")
+    assert "done already = skipped, unless this command or train/recipes/smollm2-135m/sft.yaml changed" in some["sft"]
+    assert "not done yet" in some["data"]
+
+
+def test_a_comment_edit_of_a_watched_recipe_re_runs_nothing(tmp_path, capsys):
+    """Recipe comments are docs: fixing one must not re-run a completed training stage; a changed value must."""
+    sys.path.insert(0, str(REPO / "train"))
+    import stages
+
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("max_steps: 15   # 15 steps\n# time: not yet measured\nname: 'a # b'\n")
+    ok = [sys.executable, "-c", "pass"]
+    run = tmp_path / "run"
+    assert stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg]) == 0
+    cfg.write_text("# time: 9m15s, 5.0 GB\nmax_steps: 15      # a comment re-worded\n\nname: 'a # b'\n")
+    capsys.readouterr()
+    stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg])
+    assert "done already" in capsys.readouterr().out
+    cfg.write_text("max_steps: 15\nname: 'a # c'\n")  # inside a quoted string: a value, not a comment
+    stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg])
+    assert "changed since it completed" in capsys.readouterr().out
+    # a record written with the older digest of the file's bytes still counts as done
+    record = stages.read_marker(run, "grpo")
+    record["inputs"] = {str(cfg): stages.raw_digest(cfg)}
+    stages.write_json_atomic(stages.marker_path(run, "grpo"), record)
+    stages.run_stage(run, "grpo", ok, [], later=[], watch=[cfg])
+    assert "done already" in capsys.readouterr().out

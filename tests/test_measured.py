@@ -1,4 +1,4 @@
-"""``train/measured.py``: the README's Measured section written from a run's ``summary.json``.
+"""``train/measured.py``: docs/RESULTS.md's Measured section written from a run's ``summary.json``.
 
 The summary is made by the real summary code (``train/run_summary.summary``) from stage records whose commands
 are the ones today's ``bash train/run_all.sh --dry-run --size ci`` composes (one of them changed, one watched
@@ -67,7 +67,7 @@ def test_the_section_shows_every_figure_and_what_differs_from_today(tmp_path, ca
     run, today = _run(tmp_path, changed=True)
     readme = tmp_path / "README.md"
     readme.write_text(f"# Kit\n\nbefore\n\n{measured.BEGIN}\nold numbers\n{measured.END}\n\nafter\n")
-    assert measured.main([str(run / "summary.json"), "--readme", str(readme)]) == 0
+    assert measured.main([str(run / "summary.json"), "--doc", str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("# Kit\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
     section = text.split(measured.BEGIN)[1].split(measured.END)[0]
@@ -103,7 +103,7 @@ def test_a_run_of_todays_defaults_says_so_and_bad_inputs_are_named(tmp_path, cap
     summary = json.loads((run / "summary.json").read_text())
     readme = tmp_path / "README.md"
     readme.write_text("# no markers\n")
-    assert measured.main([str(run / "summary.json"), "--readme", str(readme)]) == 2
+    assert measured.main([str(run / "summary.json"), "--doc", str(readme)]) == 2
     assert "needs exactly one <!-- measured:begin -->" in capsys.readouterr().err
     summary.pop("provenance")
     (tmp_path / "old.json").write_text(json.dumps(summary))

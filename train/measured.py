@@ -1,11 +1,12 @@
-"""Write the README's "Measured" section from a run's ``summary.json``, so that the numbers in the README are the
-numbers of a run and say which run::
+"""Write the "Measured" section of docs/RESULTS.md from a run's ``summary.json``, so that the numbers in the docs are
+the numbers of a run and say which run::
 
-    python train/measured.py runs/smollm2-135m/summary.json                 # rewrites README.md's section
+    python train/measured.py runs/smollm2-135m/summary.json                 # rewrites docs/RESULTS.md's section
     python train/measured.py runs/smollm2-135m/summary.json --print         # prints it instead
-    python train/measured.py RUN/summary.json --readme README.md --size default
+    python train/measured.py RUN/summary.json --doc docs/RESULTS.md --size default
 
-The section lies between the README's marker comments ``<!-- measured:begin -->`` and ``<!-- measured:end -->``;
+The README's results table is a summary of this section (tests/test_docs_defaults.py checks that its figures are
+the section's). The section lies between the document's marker comments ``<!-- measured:begin -->`` and ``<!-- measured:end -->``;
 everything outside them is left as it is. It holds, all read from ``summary.json`` (``train/stages.py summary``
 writes it; its ``provenance`` block comes from the stage records):
 
@@ -21,14 +22,13 @@ writes it; its ``provenance`` block comes from the stage records):
   memory per stage.
 
 Raises (as a clear error on stderr, exit status 2): a ``summary.json`` without ``models`` or ``provenance`` (a run
-summarised before this script existed: run ``train/stages.py summary --run-dir RUN`` again), a README without the
+summarised before this script existed: run ``train/stages.py summary --run-dir RUN`` again), a document without the
 markers.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import subprocess
@@ -42,7 +42,7 @@ from check_recipe import parse_dry_run  # noqa: E402
 
 from reterm.eval.drills import multistage_states_line  # noqa: E402
 
-from run_records import REPO, fmt_duration, fmt_mb  # noqa: E402
+from run_records import REPO, config_digest, fmt_duration, fmt_mb, raw_digest  # noqa: E402
 
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 MODEL_LABELS = {"base": "base (SmolLM2-135M-Instruct)", "sft": "SFT cold start", "grpo-standard": "standard GRPO",
@@ -89,8 +89,9 @@ def command_differences(run: list[str], today: list[str]) -> list[str]:
 
 
 def digest(path: Path) -> str | None:
-    """The stage runner's digest of a watched file (``train/stages.py`` ``_digest``): 16 hex of its SHA-256."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+    """The stage runner's digest of a watched file (``train/stages.py`` ``_digest``: :func:`config_digest`, a
+    YAML recipe's settings without its comments)."""
+    return config_digest(path)
 
 
 def todays_commands(run_dir: str, size: str, recipe: str) -> dict[str, list[str]]:
@@ -134,7 +135,7 @@ def differences(prov: dict[str, Any], today: dict[str, list[str]], run: str = ""
                                     portable(today[stage], run))  # fmt: skip
         for path, old in sorted((rec.get("inputs") or {}).items()):
             new = digest(REPO / path)
-            if new != old:
+            if old not in (new, raw_digest(REPO / path)):  # a record made before comments were left out: bytes
                 diffs.append(f"`{path}` {'changed' if new else 'is gone'} since the run (digest {old} -> {new})")
         lines += [f"- `{stage}`: {d}" for d in diffs]
     return lines
@@ -157,7 +158,7 @@ def _size_and_recipe(summary: dict[str, Any]) -> tuple[str, str]:
 
 def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: str, recipe: str,
             source: str) -> str:  # fmt: skip
-    """The README section (without the markers) for ``summary`` (see the module docstring). ``today``: the stage
+    """The Measured section (without the markers) for ``summary`` (see the module docstring). ``today``: the stage
     commands of today's code (:func:`todays_commands`), or ``None`` when they could not be composed."""
     prov = summary["provenance"]
     m = prov.get("machine") or {}
@@ -169,7 +170,7 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
     if commits and unrecorded:
         code += f" (stages without a commit record: {', '.join(unrecorded)})"
     run = str(summary.get("run") or summary.get("run_dir"))
-    # a run outside the checkout: its folder's name only (no path of this machine in the README)
+    # a run outside the checkout: its folder's name only (no path of this machine in the docs)
     run_label = f"`{Path(run).name}` (outside the checkout)" if Path(run).is_absolute() else f"`{run}`"
     units = ", ".join(m.get("bf16_units") or []) or "none"
     lines = [f"<!-- Written by `python train/measured.py {source}`: edit that run or this script, not the text. -->",
@@ -236,8 +237,8 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
     return "\n".join(lines) + "\n"
 
 
-def replace_section(readme: str, body: str, where: str = "README.md") -> str:
-    """``readme`` with the text between the markers replaced by ``body``.
+def replace_section(readme: str, body: str, where: str = "docs/RESULTS.md") -> str:
+    """``readme`` (a document's text) with the text between the markers replaced by ``body``.
 
     Raises:
         ValueError: the markers are missing, repeated or out of order (naming ``where``).
@@ -252,9 +253,10 @@ def replace_section(readme: str, body: str, where: str = "README.md") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python train/measured.py", description=__doc__.split("\n\n")[0])
     p.add_argument("summary", type=Path, help="a run's summary.json (train/stages.py summary)")
-    p.add_argument("--readme", type=Path, default=REPO / "README.md")
+    p.add_argument("--doc", "--readme", dest="doc", type=Path, default=REPO / "docs" / "RESULTS.md",
+                   help="the document whose Measured section is rewritten (default: docs/RESULTS.md)")
     p.add_argument("--size", choices=["default", "ci"], help="the run's size (default: ci for a *-ci run folder)")
-    p.add_argument("--print", action="store_true", help="print the section instead of writing the README")
+    p.add_argument("--print", action="store_true", help="print the section instead of writing the document")
     a = p.parse_args(argv)
     try:
         summary = json.loads(a.summary.read_text())
@@ -274,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.print:
             print(body, end="")
             return 0
-        a.readme.write_text(replace_section(a.readme.read_text(), body, str(a.readme)))
-        print(f"[measured] {a.readme}: the Measured section now shows {summary.get('run') or summary.get('run_dir')}")
+        a.doc.write_text(replace_section(a.doc.read_text(), body, str(a.doc)))
+        print(f"[measured] {a.doc}: the Measured section now shows {summary.get('run') or summary.get('run_dir')}")
         return 0
     except (OSError, ValueError, KeyError) as exc:
         print(f"train/measured.py: error: {exc}", file=sys.stderr)

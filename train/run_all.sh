@@ -42,7 +42,7 @@
 #
 # Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time, unless its
 # command changed or, for the stages that watch a config file (the training stages' recipes; at 9B also the
-# data stage's pipeline config and the eval config), that file changed. A stage that was interrupted (Ctrl-C,
+# data stage's pipeline config and the eval config), what that file sets changed (its comments do not count). A stage that was interrupted (Ctrl-C,
 # kill -9, a crash) runs again with the same command, and its own tool resumes what it keeps: the data and
 # mine stages from their journals, the trainers from their last checkpoint, the mechanism from its groups
 # journal, the drills evaluation model by model (a model whose metrics.json exists is skipped; one
@@ -69,7 +69,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 usage() { sed -n '3,/^# =====/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; cat <<'EOF'
 Options:
   --recipe NAME      smollm2-135m (default: the embedded default, CPU) or qwen3.5-9b (GPUs)
-  --size NAME        default (the sizes block of train/run_all.sh; what a run took: README, "Measured")
+  --size NAME        default (the sizes block of train/run_all.sh; what a run took: docs/RESULTS.md)
                      or ci (a reduced chain for CI)
   --run-dir DIR      where everything goes (default runs/RECIPE, runs/RECIPE-ci for --size ci)
   --from STAGE       run STAGE and the stages after it
@@ -133,7 +133,13 @@ stage() {
   selected "$name" || return 0
   if [ "$DRY_RUN" = 1 ]; then
     printf '\n[%s]\n ' "$name"; printf ' %q' "$@"; printf '\n'   # shell-quoted: train/check_recipe.py reads it
-    [ -n "${WATCH:-}" ] && printf '  (done already = skipped, unless this command or %s changed)\n' "$WATCH"
+    if [ "$name" = setup ]; then
+      printf '  (always runs: installs only what is missing)\n'
+    elif [ -f "$RUN/stages/$name.json" ]; then   # the completion record train/stages.py writes
+      printf '  (done already = skipped, unless this command%s changed)\n' "${WATCH:+ or $WATCH}"
+    else
+      printf '  (not done yet: runs; once done, skipped unless this command%s changed)\n' "${WATCH:+ or $WATCH}"
+    fi
     return 0
   fi
   local opts=(--run-dir "$RUN" --stage "$name" --outputs "$output") s after=0
@@ -201,23 +207,22 @@ if [ -f "$RECIPES/grpo_standard.yaml" ]; then GRPO_STANDARD=(--config "$RECIPES/
 else GRPO_STANDARD=(--config "$RECIPES/grpo.yaml" --mode standard); fi
 
 # ------------------------------------------------------------------------------------------ sizes
-# default: the recipes' own sizes, cut here for a run of the embedded default on 2 CPU cores (fewer SFT
-# epochs and GRPO steps), plus the evaluation's sizes (eval/configs/local.yaml is sized for a careful
-# evaluation, not for this budget). What a run of these sizes took is measured, not promised: the README's
-# "Measured" section (train/measured.py) says, for the run it shows, which of these it used.
+# default: the recipes' own training sizes (SFT for sft.yaml's epochs; --max_steps 15 is grpo.yaml's own value),
+# plus the drills', data's, mechanism's and evaluation's sizes for a run of the embedded default on 2 CPU cores
+# (eval/configs/local.yaml is sized for a careful evaluation, not for this budget). What a run of these sizes took
+# is measured, not promised: docs/RESULTS.md (train/measured.py) says, for the run it shows, which of these it used.
 # ci: fewer tasks, turns and steps, so that CI catches breakage between stages in a few minutes.
 DATA_SIZE=(); SFT_SIZE=(); GRPO_SIZE=(); EVAL_SIZE=(); DRILL_SIZE=(); MECH_SIZE=(); MINE_SIZE=()
 case "$RECIPE:$SIZE" in
   smollm2-135m:default)
-    # The embedded default, cut toward issue 30's 100-minute budget on 2 cores (docs/REPRODUCING.md; what a run
-    # of these sizes took: README, "Measured"):
+    # The embedded default on 2 cores (docs/REPRODUCING.md; what a run of these sizes took: docs/RESULTS.md):
     # 17 drill families x 32 instances (15 in distribution: 8 held out each = 120 test items; 2 families held
     # out whole) plus 48 two-stage train drills; the recovery dataset injects first mistakes on 5 train instances
     # of each family and types whole reference solutions on 16 others (the first turn from the task's start), 48 whole
     # two-stage solutions and 48 two-stage failed attempts with their recoveries,
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs with bf16 autocast where the CPU has it (~53 min on 2 cores; one epoch, 35 min, passed 0.38 of the
-    # held-out drills and none of the two-stage ones: README, "Measured");
+    # held-out drills and none of the two-stage ones: docs/RESULTS.md);
     # 15 GRPO steps of two groups of G=4 each (120 attempts) on the two-stage drills. The evaluation: every one of the 120
     # in-distribution test instances and 12 held-out-family instances for Pass@1, and Recovery@1 from 150 own
     # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
@@ -243,8 +248,9 @@ case "$RECIPE:$SIZE" in
     # done often can: 48 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 384
     # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs: assumed discordance 0.4,
     # difference 0.25: n = 7.85 (0.4 - 0.0625) / 0.0625 = 43 paired tasks for 80% power at 95% (two-sided).
-    # Not yet measured; estimated from 48 two-stage drills at 8 turns taking 27 min: about 45 to 60 min.
-    # At temperature 0.7 (at the CLI's 0.9 the SFT model wrote tool-schema debris on two-part
+    # Not yet measured; estimated from 48 two-stage drills at 8 turns taking 27 min (docs/EXPERIMENTS.md): about 45
+    # to 60 min. At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the SFT model wrote
+    # tool-schema debris on two-part
     # tasks; at 0.7, 729 of 732 turns were valid tool calls)
     MECH_SIZE=(--tasks 48 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
                --planned-delta 0.25 --assumed-discordance 0.4)

@@ -6,8 +6,10 @@ Standard library only: ``train/stages.py run`` uses it before ``.venv`` exists.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -113,6 +115,43 @@ def fmt_mb(mb: float | None) -> str:
     if mb is None:
         return "-"
     return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+_COMMENT = re.compile(r"(?:^|\s)#.*$")
+
+
+def config_text(text: str) -> str:
+    """A YAML config's text without its comments and blank lines: what a stage's watched recipe *sets*.
+
+    A ``#`` starts a comment at the line's start or after whitespace (YAML's rule); a line whose text before that
+    ``#`` holds an odd number of quote characters keeps it (the ``#`` is inside a quoted string). Trailing blanks
+    are dropped, so re-wording or re-wrapping a comment changes nothing here."""
+    out = []
+    for line in text.splitlines():
+        m = _COMMENT.search(line)
+        if m and line[: m.start()].count('"') % 2 == 0 and line[: m.start()].count("'") % 2 == 0:
+            line = line[: m.start()]
+        if line.strip():
+            out.append(line.rstrip())
+    return "\n".join(out)
+
+
+def config_digest(path: Path) -> str | None:
+    """The digest a stage records for a file it watches (``train/stages.py run --watch``): 16 hex of the SHA-256 of
+    :func:`config_text` for a ``.yaml``/``.yml`` file (a comment-only edit of a recipe re-runs nothing), of the
+    bytes for any other file; ``None`` when the file does not exist."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    if path.suffix in (".yaml", ".yml"):
+        data = config_text(data.decode()).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def raw_digest(path: Path) -> str | None:
+    """The digest of a watched file as stage records written before :func:`config_digest` hold it (SHA-256 of the
+    bytes, comments included): a completed stage recorded that way is still recognised as done."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
 
 
 def marker_path(run_dir: Path, stage: str) -> Path:

@@ -49,6 +49,7 @@ from run_records import (
     ALIASES,
     MODELS,
     REPO,
+    config_digest,
     fmt_duration,
     fmt_mb,
     git_commit,
@@ -56,6 +57,7 @@ from run_records import (
     marker_path,
     now_iso,
     path_spec,
+    raw_digest,
     read_marker,
     read_record,
     rel_path,
@@ -180,9 +182,13 @@ class TreeSampler(threading.Thread):
 
 # ------------------------------------------------------------------------------------- run a stage
 def _digest(paths: list[Path]) -> dict[str, str | None]:
-    import hashlib
+    """``{path: config_digest}`` of the watched files (comments of a YAML recipe left out)."""
+    return {str(p): config_digest(p) for p in paths}
 
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.is_file() else None for p in paths}
+
+def _raw_digest(paths: list[Path]) -> dict[str, str | None]:
+    """The same, as records made before comments were left out hold it (the file's bytes)."""
+    return {str(p): raw_digest(p) for p in paths}
 
 
 def run_stage(
@@ -215,7 +221,8 @@ def run_stage(
     run_dir = Path(run_dir)
     done = read_marker(run_dir, stage)
     inputs = _digest(list(watch or []))
-    same = done is not None and done.get("command") == command and done.get("inputs", {}) == inputs
+    recorded = (done or {}).get("inputs", {})
+    same = done is not None and done.get("command") == command and recorded in (inputs, _raw_digest(list(watch or [])))
     if same and not force and not always:
         print(
             f"==> {stage}: done already ({fmt_duration(done.get('wall_s'))}, finished {done.get('finished_at')}); "

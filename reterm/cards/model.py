@@ -45,6 +45,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from reterm.cards.model_inputs import EvalResults, ModelResult, Recipe, load_recipe, load_results
 from reterm.eval.drills import report
+from reterm.generation import MAX_TURN_TOKENS
 from reterm.hub_metadata import check_readme
 from reterm.training.models import PUBLIC_BASES
 
@@ -430,9 +431,20 @@ def render_model_card(
         drills_md=drills_md,
         training_run=training_run_sentence(record.summary if record is not None else {}),
         stage_sentences=[stage_sentence(r) for r in stages],
+        turn_tokens=turn_tokens(stages),
     )
     check_readme(str(card), "model", where=f"model card of {folder}")
     return card
+
+
+def turn_tokens(stages: list[Recipe]) -> tuple[int, str]:
+    """Tokens a turn for the card's generation example, and where the number comes from: the last training stage
+    that sets ``max_turn_tokens`` (a GRPO recipe: 96 in the CPU recipes, 2048 in the 9B one), else the kit's
+    harness default :data:`reterm.generation.MAX_TURN_TOKENS` (an SFT recipe sets no turn cap)."""
+    for r in reversed(stages):
+        if r.params.get("max_turn_tokens") is not None:
+            return int(r.params["max_turn_tokens"]), f"max_turn_tokens of {r.path.name}, the cap it was trained with"
+    return MAX_TURN_TOKENS, "the kit's default tokens a turn (reterm/generation.py); raise it for a larger model"
 
 
 def stage_sentence(recipe: Recipe) -> str:

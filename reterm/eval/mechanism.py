@@ -329,8 +329,8 @@ def plot(m: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
-    """The command line (see the module docstring); ``policy`` replaces ``--model``'s (tests)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (``python -m eval.mechanism --help``)."""
     p = argparse.ArgumentParser(prog="python -m eval.mechanism", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="policy spec: hf:PATH, smollm2, ...")
     p.add_argument("--output", required=True, type=Path)
@@ -343,7 +343,9 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
                    help="difference in signal share the power calculation is for")
     p.add_argument("--group-size", type=int, default=4, help="G attempts per group in each arm")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.9, help="GRPO's sampling temperature")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature (default 0.7, the CPU GRPO recipes' and run_all's: at 0.9 the SFT "
+                        "start wrote tool-schema debris on two-part tasks, at 0.7 729 of 732 turns were valid tool calls)")
     p.add_argument("--max-turns", type=int, default=8, help="turns an attempt gets (at least the chain's "
                    "reterm.drills.multistage.turn_budget: 8 for 2 stages, 11 for 3, 14 for 4)")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -352,7 +354,12 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     p.add_argument("--drills", type=Path, default=None,
                    help="use this drills folder's single-stage instances (--split) instead of multi-stage drills")
     p.add_argument("--split", default="train", help="with --drills: the split whose instances are used")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
+    """The command line (see the module docstring); ``policy`` replaces ``--model``'s (tests)."""
+    a = build_parser().parse_args(argv)
     if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
         print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
         return 2
