@@ -68,8 +68,12 @@ def _pip(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
 
 
 def _pip_error(proc: subprocess.CompletedProcess) -> str:
-    lines = [x for x in (proc.stderr + proc.stdout).splitlines() if x.strip() and "Location 'file:" not in x]
-    return "\n".join(lines[-25:])
+    """pip's own error (its stderr from the first ``ERROR:`` line; else the output's last lines)."""
+    err = [x for x in proc.stderr.splitlines() if x.strip() and "Location 'file:" not in x]
+    first = next((i for i, x in enumerate(err) if x.startswith("ERROR:")), None)
+    if first is not None:
+        return "\n".join(err[first:][:40])
+    return "\n".join((err or proc.stdout.splitlines())[-25:])
 
 
 def sdist_requirements(pins: list[str], workdir: Path, index: str = INDEX, timeout_s: float = 120) -> list[str]:

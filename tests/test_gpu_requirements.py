@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jinja2
@@ -39,13 +40,16 @@ def test_the_gpu_set_resolves_with_pip():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_unsatisfiable_pin_fails_the_resolution(tmp_path):
-    # vllm 0.34.0 requires flashinfer-python==0.7.3, which the index does not have
+    # vllm 0.34.0 requires flashinfer-python==0.7.3, which the index does not have (0.7.2.post1, then 0.7.4): pinning
+    # that version beside the set must make pip's resolution fail, naming it
     wheels = tmp_path / "requirements-gpu.txt"
     text = resolve_gpu_set.WHEELS.read_text()
     assert "vllm==0.33.0" in text
-    wheels.write_text(text.replace("vllm==0.33.0", "vllm==0.34.0"))
-    with pytest.raises(resolve_gpu_set.ResolutionError, match="flashinfer-python"):
+    wheels.write_text(text.replace("vllm==0.33.0", "vllm==0.33.0\nflashinfer-python==0.7.3"))
+    t0 = time.monotonic()
+    with pytest.raises(resolve_gpu_set.ResolutionError, match=r"flashinfer-python==0\.7\.3"):
         resolve_gpu_set.resolve(wheels, resolve_gpu_set.SDISTS, resolve_gpu_set.NODEPS, timeout_s=600)
+    print(f"the unsatisfiable set failed after {time.monotonic() - t0:.0f} s")
 
 
 def test_a_missing_sdist_pin_fails_before_pip_runs(tmp_path):
