@@ -32,12 +32,12 @@ def _status(lines):
 
 
 def test_requirements_gpu_pins_the_kernels_the_recipe_needs():
-    pins = read_pins(REPO / "requirements-gpu.txt")
+    pins = check_recipe.gpu_pins()  # the three files of the GPU set
     assert pins["flash-linear-attention"] == pins["fla-core"] == "0.6.0"
-    assert {"causal-conv1d", "deepspeed"} <= set(pins)
-    # the pins agree with the CPU environment's torch and transformers (requirements.txt)
-    base = read_pins(REPO / "requirements.txt")
-    assert base["torch"] == "2.14.1" and base["transformers"] == "5.24.0"
+    assert {"causal-conv1d", "deepspeed", "vllm", "torch", "transformers", "trl", "harbor"} <= set(pins)
+    # the sdists are built against the set's torch (--no-build-isolation), so they sit in their own file
+    assert set(read_pins(REPO / "requirements-gpu-build.txt")) == {"causal-conv1d", "deepspeed"}
+    assert set(read_pins(REPO / "requirements-gpu.txt")).isdisjoint(read_pins(REPO / "requirements-gpu-build.txt"))
 
 
 def test_a_missing_kernel_fails_on_a_gpu_machine_and_warns_on_a_cpu():
@@ -57,7 +57,7 @@ def test_mismatched_versions_are_failures_on_a_gpu_machine():
     env = {**PINNED, "flash-linear-attention": "0.5.2", "triton": "3.7.0"}
     unmet = lambda: ["torch==2.14.0 (installed 2.14.1)"]  # noqa: E731
     lines = _status(check_recipe.gpu_package_checks(machine=GPU_H200, version_of=env.get, vllm_problems=unmet))
-    assert lines["flash-linear-attention==0.6.0"] == ("FAIL", "0.5.2 installed, requirements-gpu.txt pins 0.6.0")
+    assert lines["flash-linear-attention==0.6.0"] == ("FAIL", "0.5.2 installed, the GPU set pins 0.6.0")
     assert lines["triton"][0] == "FAIL" and "fla issue #640" in lines["triton"][1]  # Hopper + Triton < 3.7.1
     assert lines["vllm"][0] == "FAIL" and "requires torch==2.14.0" in lines["vllm"][1]
     # Triton 3.7.0 is only a problem for fla's backward on Hopper

@@ -25,8 +25,9 @@ plan as JSON and exits. What it checks, in order (each line says OK, WARN, MISSI
    merge (accelerate's ``_validate_launch_command``; accelerate has no public dry run), and the settings the
    Trainer would refuse at construction are found here (:func:`check_launch`: FSDP's activation
    checkpointing together with the trainer's). DeepSpeed itself is needed only on the GPU machine.
-5. **GPU kernels, machine and credentials**: the packages of ``requirements-gpu.txt`` (flash-linear-attention,
-   fla-core, causal-conv1d, deepspeed) at their pinned versions, Triton new enough for fla's Hopper backward, an
+5. **GPU set, machine and credentials**: every pin of the GPU set (``requirements-gpu.txt``,
+   ``requirements-gpu-build.txt``, ``requirements-gpu-nodeps.txt``: torch, transformers, vLLM, TRL, the Qwen3.5
+   kernels, DeepSpeed, harbor) installed at its version, Triton new enough for fla's Hopper backward, an
    installed vLLM whose torch/transformers requirements this environment meets, and which implementation
    transformers' Qwen3.5 kernel functions dispatch to (:func:`gpu_package_checks`): a missing or mismatched one is
    a FAIL on a machine with a CUDA GPU and a WARN on one without. Then (reported, never a failure): GPUs, ``vllm``
@@ -53,7 +54,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -559,28 +560,45 @@ def gpus() -> tuple[str, str]:
     return ("OK" if n >= 8 else "WARN"), f"{n} GPU(s)" + ("" if n >= 8 else "; the 9B recipes are written for 8")
 
 
-GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
+#: the GPU set (scripts/setup_gpu.sh installs them in this order): wheels, sdists built against its torch, --no-deps
+GPU_REQUIREMENTS = (REPO / "requirements-gpu.txt", REPO / "requirements-gpu-build.txt",
+                    REPO / "requirements-gpu-nodeps.txt")  # fmt: skip
 
 
-def gpu_package_checks(requirements: Path = GPU_REQUIREMENTS, machine: tuple[bool, bool, str] | None = None,
-                       **kwargs: Any) -> list[tuple[str, str, str]]:
-    """The GPU packages of ``requirements-gpu.txt`` as ``(item, status, detail)`` lines, then the machine and the
-    Qwen3.5 kernel functions transformers dispatches to here.
+def gpu_pins(requirements: Path | Sequence[Path] = GPU_REQUIREMENTS) -> dict[str, str]:
+    """``{name: version}`` of every exact pin of the GPU set's requirements files (later files win on a repeat).
 
-    A package that is missing or at another version than pinned (or Triton too old for fla's Hopper backward, or an
-    installed vLLM whose torch/transformers requirements are not met) is ``FAIL`` on a machine with a CUDA GPU and
-    ``WARN`` on one without: the 9B recipe runs on them only there.
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: a line that is not ``name==version`` (file and line named).
+    """
+    from reterm.training.kernels import read_pins
+
+    pins: dict[str, str] = {}
+    for path in [requirements] if isinstance(requirements, (str, Path)) else requirements:
+        pins.update(read_pins(Path(path)))
+    return pins
+
+
+def gpu_package_checks(requirements: Path | Sequence[Path] = GPU_REQUIREMENTS,
+                       machine: tuple[bool, bool, str] | None = None, **kwargs: Any) -> list[tuple[str, str, str]]:
+    """The pinned packages of the GPU set as ``(item, status, detail)`` lines, then the machine and the Qwen3.5
+    kernel functions transformers dispatches to here.
+
+    Every pin of the three files (torch, transformers, vLLM, TRL, the kernels, harbor and its requirements) is
+    compared with the installed version. A package that is missing or at another version than pinned (or Triton
+    too old for fla's Hopper backward, or an installed vLLM whose torch/transformers requirements are not met) is
+    ``FAIL`` on a machine with a CUDA GPU and ``WARN`` on one without: the 9B recipe runs on them only there.
 
     Args:
-        requirements: the pins (default the repository's ``requirements-gpu.txt``).
+        requirements: the pins (default :data:`GPU_REQUIREMENTS`, the repository's three GPU requirements files).
         machine: ``(on_gpu, hopper, description)``, default :func:`reterm.training.kernels.cuda_summary`.
         kwargs: passed to :func:`reterm.training.kernels.check_gpu_packages` (a test's fake environment).
     """
-    from reterm.training.kernels import check_gpu_packages, cuda_summary, kernels_in_use, read_pins
+    from reterm.training.kernels import check_gpu_packages, cuda_summary, kernels_in_use
 
     on_gpu, hopper, where = machine or cuda_summary()
     lines = [(c.name + (f"=={c.wanted}" if c.wanted[0].isdigit() else ""), c.status(on_gpu), c.detail)
-             for c in check_gpu_packages(read_pins(requirements), hopper=hopper, **kwargs)]  # fmt: skip
+             for c in check_gpu_packages(gpu_pins(requirements), hopper=hopper, **kwargs)]  # fmt: skip
     if "version_of" not in kwargs:  # what transformers really dispatches to in this environment
         used = kernels_in_use()
         fallback = [f for f, impl in used.items() if impl.startswith("torch fallback")]
@@ -678,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
                 c.run("memory", f"{stage} on 80 GB GPUs (measured terms)",
                       lambda sc=script, la=launcher: check_grpo_memory(sc, la))
 
-    print("== 5. GPU kernels (requirements-gpu.txt: failures on a GPU machine), machine, credentials, endpoints")
+    print("== 5. GPU set (requirements-gpu*.txt: failures on a GPU machine), machine, credentials, endpoints")
     c.add("machine", "GPUs", *gpus())
     for check in gpu_package_checks():
         c.add("kernels", *check)

@@ -300,7 +300,8 @@ if [ "$RECIPE" = qwen3.5-9b ] && [ "$DRY_RUN" = 0 ] && selected data && [ ! -f "
    && [ -z "${RETERM_TEACHER_URL:-}" ]; then
   echo "run_all.sh: the data stage needs RETERM_TEACHER_URL: the OpenAI-compatible endpoint of the teacher that" \
        "writes the recoveries (e.g. http://HOST:8001/v1 of 'vllm serve Qwen/Qwen3.5-397B-A17B --served-model-name" \
-       "teacher'; docs/REPRODUCING.md, the 9B run). Nothing was started." >&2
+       "teacher --enable-auto-tool-choice --tool-call-parser qwen3_coder'; docs/REPRODUCING.md, the 9B run)." \
+       "Nothing was started." >&2
   exit 2
 fi
 

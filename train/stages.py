@@ -600,13 +600,14 @@ def vllm_binary() -> str:
     of the run comes from there.
 
     Raises:
-        FileNotFoundError: vLLM is not installed in that environment (``pip install vllm`` on the GPU machine).
+        FileNotFoundError: vLLM is not installed in that environment (the GPU set, ``bash scripts/setup_gpu.sh``,
+            installs it on the GPU machine).
     """
     path = Path(sys.executable).parent / "vllm"
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: vLLM is not installed in this environment ({sys.prefix}); "
-            f"on the GPU machine: {sys.executable} -m pip install vllm"
+            "on the GPU machine: bash scripts/setup_gpu.sh (the GPU set, with vLLM; docs/REPRODUCING.md, GPU install)"
         )
     return str(path)
 

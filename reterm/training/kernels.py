@@ -140,10 +140,10 @@ def check_gpu_packages(pins: dict[str, str], *, version_of: Callable[[str], str 
         have = version_of(name)
         if have is None:
             out.append(PackageCheck(name, wanted, None, "missing",
-                                    "not installed (pip install -r requirements-gpu.txt --no-build-isolation)"))  # fmt: skip
+                                    "not installed (bash scripts/setup_gpu.sh)"))  # fmt: skip
         elif have.split("+")[0] != wanted:
             out.append(PackageCheck(name, wanted, have, "mismatch",
-                                    f"{have} installed, requirements-gpu.txt pins {wanted}"))  # fmt: skip
+                                    f"{have} installed, the GPU set pins {wanted}"))  # fmt: skip
         else:
             out.append(PackageCheck(name, wanted, have, None, have))
     triton = version_of("triton")
@@ -161,8 +161,7 @@ def check_gpu_packages(pins: dict[str, str], *, version_of: Callable[[str], str 
     unmet = (vllm_problems or (lambda: vllm_requirement_problems(version_of)))() if vllm else []
     if vllm is None:
         out.append(PackageCheck("vllm", "any", None, "missing",
-                                "not installed (GRPO's generation, the data and eval servers); no release installs "
-                                "with torch 2.14.1 + transformers 5.24.0 yet (docs/REPRODUCING.md, GPU install)"))  # fmt: skip
+                                "not installed (GRPO's generation, the data and eval servers: bash scripts/setup_gpu.sh)"))  # fmt: skip
     elif unmet:
         out.append(PackageCheck("vllm", "any", vllm, "mismatch",
                                 f"{vllm} requires " + ", ".join(unmet)))  # fmt: skip
