@@ -118,3 +118,45 @@ def test_missing_package_is_reported_not_invented(env, tmp_path):
     assert out.returncode == 1
     assert "not installed and could not be installed (no network, or not on the index): surely-not-installed-pkg" in out.stderr
     assert Path(env["RETERM_SHIM_MISSING_LOG"]).read_text() == "python:surely-not-installed-pkg\n"
+
+
+def test_uvx_options_that_take_a_value_are_not_the_command(env, tmp_path):
+    """`uvx --index-strategy unsafe-best-match ... pytest` runs pytest, not `unsafe-best-match`."""
+    tests = _write_tests(tmp_path, True)
+    cmd = ["uvx", "--index-strategy", "unsafe-best-match", "--extra-index-url", "https://download.pytorch.org/whl/cpu",
+           "-p", "3.13", "-w", "pytest==8.4.1", "pytest", str(tests), "-q", "-p", "no:cacheprovider"]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout and "unsafe-best-match" not in out.stderr
+
+
+def _activated(env, tmp_path):
+    """``env`` with BASH_ENV naming the shim's activate.sh, its /opt/reterm-shim paths pointing at the source."""
+    act = tmp_path / "activate.sh"
+    act.write_text((SHIM_SOURCE / "activate.sh").read_text().replace("/opt/reterm-shim", str(SHIM_SOURCE)))
+    return {**env, "BASH_ENV": str(act)}
+
+
+@pytest.mark.parametrize("passing", [True, False])
+def test_plain_pip_install_then_python_m_pytest_ctrf_offline(env, tmp_path, passing):
+    """A Terminal-Bench 2.0 test.sh without uv: `pip install pytest==8.4.1 pytest-json-ctrf==0.3.5`, then
+    `python -m pytest --ctrf ...`. Offline the pip shim succeeds with the sandbox's pytest and the shim's
+    CTRF plugin gives --ctrf, so pytest's own result decides."""
+    tests = _write_tests(tmp_path, passing)
+    ctrf = tmp_path / "logs" / "ctrf.json"
+    script = (f"pip install pytest==8.4.1 pytest-json-ctrf==0.3.5 --break-system-packages || exit 9\n"
+              f"python3 -m pytest --ctrf {ctrf} {tests} -rA -p no:cacheprovider\n")  # fmt: skip
+    (tmp_path / "test.sh").write_text(script)
+    out = subprocess.run(["bash", str(tmp_path / "test.sh")], env=_activated(env, tmp_path), capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == (0 if passing else 1), out.stdout + out.stderr
+    summary = json.loads(ctrf.read_text())["results"]["summary"]
+    assert (summary["passed"], summary["failed"]) == ((2, 0) if passing else (1, 1))
+    assert not Path(env["RETERM_SHIM_MISSING_LOG"]).exists()
+
+
+def test_plain_pip_install_of_a_missing_package_is_reported(env, tmp_path):
+    out = subprocess.run(["bash", "-c", "pip3 install pytest==8.4.1 surely-not-installed-pkg==1.0"],
+                         env=_activated(env, tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert Path(env["RETERM_SHIM_MISSING_LOG"]).read_text() == "python:surely-not-installed-pkg\n"

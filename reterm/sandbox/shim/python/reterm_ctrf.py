@@ -5,17 +5,25 @@ uvx) so its command-line option works offline. Report layout: the Common Test Re
 (https://ctrf.io): ``results.tool``, ``results.summary`` (counts, start/stop in ms), ``results.tests``.
 It does not influence pytest's exit status.
 """
+import importlib.util
 import json
 import os
 import time
 
+# The real plugin (installed by pip with a network) gives --ctrf itself: this one then stands aside.
+_REAL = importlib.util.find_spec("pytest_json_ctrf") is not None
+
 
 def pytest_addoption(parser):
+    if _REAL:
+        return
     parser.addoption("--ctrf", action="store", default=None, metavar="FILE",
                      help="write a CTRF JSON report to FILE (reterm offline shim)")
 
 
 def pytest_configure(config):
+    if _REAL:
+        return
     path = config.getoption("--ctrf")
     if path:
         config.pluginmanager.register(_Report(path), "reterm-ctrf-report")
