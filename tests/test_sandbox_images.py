@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 from harbor.environments.base import SandboxBuildFailedError
 
+from reterm.sandbox.base_image import ensure_base
+from reterm.sandbox.build import cached_failure, ensure_layer, layer_key
 from reterm.sandbox.dockerfile import DockerfileError
 from reterm.sandbox.local import LocalEnvironment
 
@@ -73,3 +76,24 @@ def test_multi_stage_is_refused_with_what_to_do(tmp_path, dockerfile, line, text
     with pytest.raises(DockerfileError) as err:
         asyncio.run(_run(task, "true"))
     assert f"Dockerfile:{line}: {text}" in str(err.value) and "harbor run -e docker" in str(err.value)
+
+
+def test_failed_build_is_cached_as_failed_with_its_reason(tmp_path):
+    """A build step that fails is not redone by the next trial of the task: it fails at once with the recorded
+    reason; force_build builds again."""
+    dockerfile = f"FROM debian:bookworm-slim\nRUN echo {uuid.uuid4().hex} && exit 7\n"  # a fresh cache key
+    task = make_task(tmp_path / "fails", dockerfile)
+    base = ensure_base()
+    key = layer_key(dockerfile, task / "environment", base)
+    assert cached_failure(key) is None
+    with pytest.raises(SandboxBuildFailedError, match="exit code 7") as first:
+        asyncio.run(_run(task, "true"))
+    rec = cached_failure(key)
+    assert rec is not None and rec["reason"] == str(first.value)
+    with pytest.raises(SandboxBuildFailedError) as again:  # the next trial: the same reason, nothing rebuilt
+        asyncio.run(_run(task, "true"))
+    assert str(first.value) in str(again.value) and "force_build" in str(again.value)
+    assert cached_failure(key)["failed_at"] == rec["failed_at"]
+    with pytest.raises(SandboxBuildFailedError, match="exit code 7") as forced:
+        asyncio.run(ensure_layer(task / "environment", base, force=True))
+    assert "force_build" not in str(forced.value) and cached_failure(key)["failed_at"] > rec["failed_at"]

@@ -189,6 +189,35 @@ def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> st
     return h.hexdigest()[:16]
 
 
+# A failed build is remembered this long (seconds): later trials of the task fail at once with the same reason
+# instead of redoing the steps that failed (``force_build`` / ``harbor run --force-build`` rebuilds at once).
+FAILED_BUILD_TTL_S = 24 * 3600
+
+
+def _failure_path(key: str) -> Path:
+    return sub("layers") / f"{key}.failed.json"
+
+
+def cached_failure(key: str) -> dict | None:
+    """The recorded failure of the build ``key`` (``{"reason", "failed_at", "build_s"}``) while it is younger than
+    :data:`FAILED_BUILD_TTL_S`, else ``None``."""
+    try:
+        rec = json.loads(_failure_path(key).read_text())
+        if time.time() - float(rec["failed_at"]) < FAILED_BUILD_TTL_S:
+            return rec
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _raise_cached(rec: dict, dockerfile: Path) -> None:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(rec["failed_at"])))
+    raise SandboxBuildFailedError(
+        f"{rec['reason']}\n(the build of {dockerfile} failed at {when} after {rec.get('build_s', '?')} s and is not "
+        "retried for a day: pass force_build (harbor run --force-build) to build it again)"
+    )
+
+
 def find_layer(key: str) -> TaskLayer | None:
     """The cached layer for ``key``, or None."""
     d = sub("layers") / key
@@ -231,7 +260,8 @@ async def ensure_layer(
 
     Raises:
         DockerfileError: unsupported instruction or base image (message names file and line).
-        SandboxBuildFailedError: a build step failed (message names file, line and exit code).
+        SandboxBuildFailedError: a build step failed (message names file, line and exit code), now or, without
+            ``force``, within :data:`FAILED_BUILD_TTL_S` before (the recorded reason, said to be cached).
     """
     log = log or logger.info
     dockerfile = environment_dir / "Dockerfile"
@@ -245,9 +275,13 @@ async def ensure_layer(
     key = layer_key(text, context, base)
     if not force and (found := find_layer(key)):
         return found
+    if not force and (failed := cached_failure(key)):
+        _raise_cached(failed, dockerfile)
     async with _async_lock(f"layer-{key}", log):
         if not force and (found := find_layer(key)):
             return found
+        if not force and (failed := cached_failure(key)):  # another trial's build just failed
+            _raise_cached(failed, dockerfile)
         if dockerfile.is_file():
             instructions = df.parse(dockerfile)
         else:
@@ -257,9 +291,15 @@ async def ensure_layer(
         t0 = time.monotonic()
         try:
             meta = await _Builder(dockerfile, context, base, tmp, log).run(instructions)
+        except SandboxBuildFailedError as exc:  # a step failed: remembered, so the next trial does not redo it
+            rmtree_writable(tmp)
+            rec = {"reason": str(exc), "failed_at": time.time(), "build_s": round(time.monotonic() - t0, 2)}
+            _failure_path(key).write_text(json.dumps(rec, indent=1))
+            raise
         except BaseException:
             rmtree_writable(tmp)
             raise
+        _failure_path(key).unlink(missing_ok=True)
         meta["build_s"] = round(time.monotonic() - t0, 2)
         final = sub("layers") / key
         if final.exists():  # forced rebuild: running sandboxes may still use the old one
