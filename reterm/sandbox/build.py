@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from harbor.environments.base import SandboxBuildFailedError
 
 from reterm.sandbox import dockerfile as df
-from reterm.sandbox.base_image import BaseImage, strict_mode
+from reterm.sandbox.base_image import SUITES, BaseImage, strict_mode
 from reterm.sandbox.box import CA_ENV_VARS, DEFAULT_PATH, HOST_CA_PATH, Box, BoxSpec, host_ca_bundle
 from reterm.sandbox.network import mentions_unreachable, unreachable_hosts
 from reterm.sandbox.paths import file_lock, rmtree_writable, sub
@@ -165,6 +165,17 @@ def context_files(context: Path) -> list[Path]:
             if not _ignored(rel, rules):
                 out.append(Path(rel))
     return out
+
+
+def base_suite(environment_dir: Path, docker_image: str | None = None) -> str:
+    """The Debian suite of the base the task's layer builds on (:func:`reterm.sandbox.dockerfile.debian_suite` of
+    the Dockerfile's first ``FROM``, else of ``docker_image``); ``bookworm`` when neither names one."""
+    dockerfile = Path(environment_dir) / "Dockerfile"
+    image = None
+    if dockerfile.is_file():
+        image = df.first_from(dockerfile.read_text(errors="replace"))
+    image = image or docker_image
+    return df.debian_suite(image) if image else "bookworm"
 
 
 def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> str:
@@ -513,7 +524,8 @@ class _Builder:
                      "steps use this machine's network, and the host is not reachable from it; the task needs more "
                      "network than this machine has)")  # fmt: skip
         elif self.mapping and self.mapping.family != "debian":
-            hint += (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian 12 bookworm; "
+            suite = self.base.meta.get("suite", "bookworm")
+            hint += (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian {SUITES.get(suite, '?')} {suite}; "
                     "package names or versions of another distribution may not exist there)")  # fmt: skip
         raise SandboxBuildFailedError(f"{self.where(ins)}: {what} failed with exit code {r.return_code}:\n{tail}{hint}")
 

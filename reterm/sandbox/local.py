@@ -18,7 +18,8 @@ What it is (measured figures in ``bench/sandbox_fork.py``, limits in docs/SANDBO
 bubblewrap namespaces over overlayfs layers (Debian base from debootstrap, the task's build layer,
 snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network; as root, or without
 root in an unprivileged user namespace (rootless mode, :mod:`reterm.sandbox.rootless`). It is not a VM
-and not the task's own image: ``FROM debian|ubuntu|python`` map onto one Debian 12 base.
+and not the task's own image: ``FROM debian|ubuntu|python`` map onto a Debian 12 base (``FROM debian:13``: a
+Debian 13 base).
 
 Network policy (Harbor's ``NetworkPolicy``; docs/SANDBOX.md, Network): by default trials run without a
 network (only ``lo``; a server on the host's 127.0.0.1 is unreachable), ``no-network`` exactly and a
@@ -71,7 +72,7 @@ from reterm.sandbox.box import (
     default_pids_max,
     host_ca_bundle,
 )
-from reterm.sandbox.build import TaskLayer, ensure_layer
+from reterm.sandbox.build import TaskLayer, base_suite, ensure_layer
 from reterm.sandbox.faults import NetworkUnreachableError, phase_network_fault, written_reward
 from reterm.sandbox.network import NETWORK_LOG, recorder
 from reterm.sandbox.paths import rmtree_writable
@@ -367,7 +368,8 @@ class LocalEnvironment(BaseEnvironment):
             layer_workdir = meta.get("layer_workdir")
             self._lease = snapmod.take_lease(self._snapshot.path)
         else:
-            base = await asyncio.to_thread(ensure_base, log=logger.info)
+            suite = base_suite(self.environment_dir, self.task_env_config.docker_image)
+            base = await asyncio.to_thread(ensure_base, suite=suite, log=logger.info)
             self._layer = await ensure_layer(
                 self.environment_dir, base, docker_image=self.task_env_config.docker_image,
                 force=force_build, log=logger.info,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from reterm.agent.trial_outcome import score_trial
 from reterm.sandbox.base_image import ensure_base
-from reterm.sandbox.build import ensure_layer
+from reterm.sandbox.build import base_suite, ensure_layer
 from reterm.tasks.loader import LoadedTask
 from reterm.tasks.shim import needs_shim
 
@@ -151,8 +151,10 @@ async def build_task(loaded: LoadedTask) -> tuple[float, str | None]:
     """
     t0 = time.monotonic()
     try:
-        base = await asyncio.to_thread(ensure_base)
-        await ensure_layer(loaded.task_dir / "environment", base, docker_image=loaded.task.config.environment.docker_image)
+        image = loaded.task.config.environment.docker_image
+        suite = base_suite(loaded.task_dir / "environment", image)
+        base = await asyncio.to_thread(ensure_base, suite=suite)
+        await ensure_layer(loaded.task_dir / "environment", base, docker_image=image)
     except Exception as exc:  # DockerfileError, SandboxBuildFailedError, FileNotFoundError
         return time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:1500]}"
     return time.monotonic() - t0, None
