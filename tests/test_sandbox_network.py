@@ -250,3 +250,19 @@ def test_public_network_host_option(tmp_path):
     (mixed / "task.toml").write_text('version = "1.0"\n[agent]\nnetwork_mode = "no-network"\n')
     refused = trial(mixed, "nop", tmp_path / "trials", public_network="host")
     assert refused.reward is None and "cannot change network policy after start" in refused.error, refused
+
+
+def test_phase_fault_names_hosts_once_and_only_for_public_phases(tmp_path):
+    """The rule the sandbox applies after the verifier (reterm.sandbox.faults): a service look-up names its host
+    (apt's ``_http._tcp.deb.debian.org``), and a look-up in a no-network phase does not count."""
+    from reterm.sandbox.faults import phase_network_fault
+
+    (tmp_path / "verifier").mkdir()
+    log = [{"t": 1.0, "policy": "public", "event": "start"}, {"t": 2.0, "host": "_http._tcp.deb.debian.org"},
+           {"t": 2.1, "host": "deb.debian.org"}, {"t": 5.0, "policy": "no-network", "event": "policy"},
+           {"t": 6.0, "host": "pypi.org", "policy": "no-network"}]  # fmt: skip
+    (tmp_path / "reterm-network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    out = tmp_path / "oracle.txt"
+    out.write_text("")
+    phases = [("solution", (1.5, 3.0), out), ("verifier", (5.5, 7.0), tmp_path / "verifier" / "test-stdout.txt")]
+    assert phase_network_fault(tmp_path, phases) == "solution could not reach: deb.debian.org"

@@ -62,6 +62,15 @@ def ctrf_clears_network(path: Path) -> bool:
     return not any(mentions_unreachable(json.dumps(t)) for t in failed)
 
 
+def _host_of(name: str) -> str:
+    """The host a looked-up name is about: a service record's labels (``_http._tcp.deb.debian.org``, apt's SRV
+    look-up) dropped."""
+    labels = name.split(".")
+    while len(labels) > 1 and labels[0].startswith("_"):
+        labels = labels[1:]
+    return ".".join(labels)
+
+
 def _network_log(trial_dir: Path) -> tuple[list[tuple[float, str, str]], list[tuple[float, str]]]:
     lookups: list[tuple[float, str, str]] = []
     policies: list[tuple[float, str]] = []
@@ -72,7 +81,7 @@ def _network_log(trial_dir: Path) -> tuple[list[tuple[float, str, str]], list[tu
         except (ValueError, KeyError, TypeError):
             continue
         if "host" in rec:
-            lookups.append((t, str(rec["host"]), str(rec.get("policy", "public"))))
+            lookups.append((t, _host_of(str(rec["host"])), str(rec.get("policy", "public"))))
         elif "policy" in rec:
             policies.append((t, str(rec["policy"])))
     return lookups, sorted(policies)
