@@ -160,3 +160,30 @@ def test_plain_pip_install_of_a_missing_package_is_reported(env, tmp_path):
                          env=_activated(env, tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 1, out.stdout + out.stderr
     assert Path(env["RETERM_SHIM_MISSING_LOG"]).read_text() == "python:surely-not-installed-pkg\n"
+
+
+def test_ctrf_plugin_stands_aside_when_the_real_one_is_installed(env, tmp_path):
+    """With a network the pip shim installs the real pytest-json-ctrf (distribution ``pytest-json-ctrf``, module
+    ``ctrf.main`` on the ``pytest11`` entry point, as in its 0.3.5 wheel): the shim's plugin, loaded through
+    PYTEST_PLUGINS, must not add a second --ctrf (pytest's parser would fail)."""
+    site = tmp_path / "site"
+    (site / "ctrf").mkdir(parents=True)
+    (site / "ctrf" / "__init__.py").write_text("")
+    (site / "ctrf" / "main.py").write_text(
+        "import json\n"
+        "def pytest_addoption(parser):\n    parser.addoption('--ctrf', action='store', default=None)\n"
+        "def pytest_sessionfinish(session):\n"
+        "    p = session.config.getoption('--ctrf')\n"
+        "    if p:\n        json.dump({'results': {'tool': {'name': 'real'}}}, open(p, 'w'))\n"
+    )  # fmt: skip
+    dist = site / "pytest_json_ctrf-0.3.5.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pytest-json-ctrf\nVersion: 0.3.5\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nctrf = ctrf.main\n")
+    tests = _write_tests(tmp_path, True)
+    ctrf = tmp_path / "ctrf.json"
+    run_env = {**_activated(env, tmp_path), "PYTHONPATH": str(site)}
+    script = f"python3 -m pytest --ctrf {ctrf} {tests} -q -p no:cacheprovider\n"
+    out = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(ctrf.read_text())["results"]["tool"]["name"] == "real"
