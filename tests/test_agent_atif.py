@@ -66,9 +66,36 @@ def test_atif_round_trip_is_exact_and_valid_atif():
     assert agent[2].tool_calls[0].arguments == {"command": "printf 'a\\tb' > /app/x", "timeout": 5.0}
     assert agent[1].tool_calls is None and agent[1].observation.results[0].source_call_id is None
     assert agent[4].tool_calls[0].function_name == "submit" and agent[4].observation is None
-    assert again.final_metrics.total_prompt_tokens == 310
+    # the only step with token counts is the copied one: this trajectory's own turns report none
+    assert again.final_metrics.total_prompt_tokens is None and again.final_metrics.total_steps == 6
     assert from_atif(data) == traj
     assert from_atif(atif) == traj
+
+
+def test_continued_trajectory_totals_count_its_own_turns_only():
+    """A recovery attempt continues from a failed attempt's turns (its prefix, marked is_copied_context):
+    ATIF's final_metrics count the attempt's own turns, not the copied ones."""
+
+    def turn(i, prompt, completion, copied):
+        action = Action(tool="bash", command=f"echo {i}")
+        return Step(index=i, model_text=render_action(action), action=action, observation=format_observation(str(i), 0),
+                    exit_status=0, from_history=copied, prompt_tokens=prompt, completion_tokens=completion)
+
+    prefix = [turn(0, 300, 40, True), turn(1, 533, 60, True)]  # the failed attempt: 833 prompt tokens
+    own = [turn(2, 240, 11, False), turn(3, 263, 17, False)]  # the continuation: 503 prompt tokens
+    traj = Trajectory(task_id="demo", instruction="Fix it.", system_prompt=SYSTEM_PROMPT, policy="p",
+                      steps=prefix + own, prefix_len=2, reward=1.0, outcome=Outcome.SUCCESS)  # fmt: skip
+    atif = AtifTrajectory.model_validate(json.loads(json.dumps(to_atif(traj).to_json_dict())))
+    fm = atif.final_metrics
+    assert (fm.total_prompt_tokens, fm.total_completion_tokens) == (503, 28)
+    assert fm.total_steps == len(atif.steps) - 2 == 4  # system, instruction and the two own turns
+    assert [bool(s.is_copied_context) for s in atif.steps[2:]] == [True, True, False, False]
+    assert "is_copied_context" in atif.notes
+    assert from_atif(atif) == traj  # the copied turns stay in the file
+    # a trajectory that continues nothing counts every turn
+    fresh = traj.model_copy(update={"steps": [s.model_copy(update={"from_history": False}) for s in traj.steps],
+                                    "prefix_len": 0})  # fmt: skip
+    assert to_atif(fresh).final_metrics.total_prompt_tokens == 833 + 503
 
 
 def test_messages_round_trip():

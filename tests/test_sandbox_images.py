@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 from harbor.environments.base import SandboxBuildFailedError
 
+from reterm.sandbox.base_image import ensure_base
+from reterm.sandbox.build import cached_failure, ensure_layer, layer_key
 from reterm.sandbox.dockerfile import DockerfileError
 from reterm.sandbox.local import LocalEnvironment
 
@@ -73,3 +76,47 @@ def test_multi_stage_is_refused_with_what_to_do(tmp_path, dockerfile, line, text
     with pytest.raises(DockerfileError) as err:
         asyncio.run(_run(task, "true"))
     assert f"Dockerfile:{line}: {text}" in str(err.value) and "harbor run -e docker" in str(err.value)
+
+
+def test_failed_build_is_cached_as_failed_with_its_reason(tmp_path):
+    """A build step that fails is not redone by the next trial of the task: it fails at once with the recorded
+    reason; force_build builds again."""
+    dockerfile = f"FROM debian:bookworm-slim\nRUN echo {uuid.uuid4().hex} && exit 7\n"  # a fresh cache key
+    task = make_task(tmp_path / "fails", dockerfile)
+    base = ensure_base()
+    key = layer_key(dockerfile, task / "environment", base)
+    assert cached_failure(key) is None
+    with pytest.raises(SandboxBuildFailedError, match="exit code 7") as first:
+        asyncio.run(_run(task, "true"))
+    rec = cached_failure(key)
+    assert rec is not None and rec["reason"] == str(first.value)
+    with pytest.raises(SandboxBuildFailedError) as again:  # the next trial: the same reason, nothing rebuilt
+        asyncio.run(_run(task, "true"))
+    assert str(first.value) in str(again.value) and "force_build" in str(again.value)
+    assert cached_failure(key)["failed_at"] == rec["failed_at"]
+    with pytest.raises(SandboxBuildFailedError, match="exit code 7") as forced:
+        asyncio.run(ensure_layer(task / "environment", base, force=True))
+    assert "force_build" not in str(forced.value) and cached_failure(key)["failed_at"] > rec["failed_at"]
+
+
+@pytest.mark.parametrize(
+    "image,suite",
+    [("debian:13", "trixie"), ("debian:13-slim", "trixie"), ("docker.io/library/debian:trixie-slim", "trixie"),
+     ("debian:bookworm-slim", "bookworm"), ("debian:12", "bookworm"), ("ubuntu:24.04", "bookworm"),
+     ("python:3.13-slim-trixie", "bookworm"), ("debian:130", "bookworm")],
+)  # fmt: skip
+def test_debian_13_images_get_a_trixie_base(image, suite):
+    from reterm.sandbox.dockerfile import debian_suite
+
+    assert debian_suite(image) == suite
+
+
+@pytest.mark.slow  # builds the Debian 13 base once (debootstrap trixie from the Debian mirror, about 2 minutes)
+def test_from_debian_13_runs_on_a_real_debian_13_base(tmp_path):
+    """`FROM debian:13` gets a real trixie root (its os-release, its Python 3.13), not the bookworm stand-in."""
+    task = make_task(tmp_path / "d13", "FROM debian:13\nWORKDIR /app\nRUN test -f /etc/debian_version\n")
+    r = asyncio.run(_run(task, ". /etc/os-release && echo $VERSION_ID $VERSION_CODENAME && python3 -c "
+                               "'import sys; print(sys.version_info[:2])' && tmux -V"))
+    assert r.return_code == 0, r
+    lines = r.stdout.splitlines()
+    assert lines[0] == "13 trixie" and lines[1] == "(3, 13)", r.stdout

@@ -6,6 +6,7 @@ offline verifier shim applies in Harbor trials; the unreachable-host reader and 
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import textwrap
 from pathlib import Path
@@ -51,6 +52,11 @@ LOCALHOST_TEST = """
     open("/logs/verifier/reward.txt", "w").write("1" if ok else "0")
     EOF
 """
+
+
+def harbor_result_of(out) -> dict:
+    """Harbor's own result.json of a trial (what ``harbor view`` reads)."""
+    return json.loads((Path(out.trial_dir) / "result.json").read_text())
 
 
 def trial(task: Path, agent: str, trials: Path, **ek):
@@ -102,13 +108,23 @@ def test_verifier_that_needs_an_unreachable_host_is_an_infra_fault_left_out_of_p
     """)
     for task, agent in ((page, "oracle"), (page, "nop"), (needs_net, "oracle"), (needs_net, "nop")):
         out = trial(task, agent, trials)
+        harbor_result = harbor_result_of(out)
         if task is needs_net:
             assert out.reward is None and out.outcome == "network_error", out
             assert "verifier could not reach: tools.unreachable-host.example" in out.error, out
+            # what `harbor run` / `harbor view` users read: a fault naming the host, no reward (no silent 0)
+            exc = harbor_result["exception_info"]
+            assert exc["exception_type"] == "NetworkUnreachableError", exc
+            assert "verifier could not reach: tools.unreachable-host.example" in exc["exception_message"], exc
+            assert harbor_result["verifier_result"] is None, harbor_result
+        else:  # the agent's own outcome: scored as the verifier wrote it (nop: a failure of 0, no exception)
+            assert harbor_result["exception_info"] is None, harbor_result
+            want = 1.0 if agent == "oracle" else 0.0
+            assert harbor_result["verifier_result"]["rewards"] == {"reward": want}, harbor_result
     job = load_job(trials)
     faults = [t for t in job.trials if t.outcome is Outcome.NETWORK_ERROR]
     assert len(faults) == 2 and {t.task for t in faults} == {"needs-net"}
-    assert all(t.exception_type == "NetworkUnreachable" and "tools.unreachable-host.example" in t.exception_message
+    assert all(t.exception_type == "NetworkUnreachableError" and "tools.unreachable-host.example" in t.exception_message
                for t in faults)  # fmt: skip
     counts = task_counts(job.trials)
     assert counts == {"localhost-page": (2, 1), "needs-net": (0, 0)}  # no scored trial of the faulty task
@@ -122,6 +138,8 @@ def test_verifier_that_needs_an_unreachable_host_is_an_infra_fault_left_out_of_p
                           toml='[environment]\nnetwork_mode = "no-network"\n')  # fmt: skip
     out = trial(forbidden, "oracle", tmp_path / "other")
     assert (out.reward, out.outcome) == (0.0, "failure"), out
+    harbor_result = harbor_result_of(out)
+    assert harbor_result["exception_info"] is None and harbor_result["verifier_result"]["rewards"] == {"reward": 0.0}
 
 
 def test_offline_shim_applies_in_harbor_trials(tmp_path):
@@ -170,6 +188,16 @@ def test_offline_shim_applies_in_harbor_trials(tmp_path):
          ["registry.npmjs.org"]),
         ("curl: (7) Failed to connect to localhost port 8000 after 0 ms: Connection refused", []),
         ("all tests passed", []),
+        # R: install.packages / download.file without a network
+        ("Warning: unable to access index for repository https://cloud.r-project.org/src/contrib:\n"
+         "  cannot open URL 'https://cloud.r-project.org/src/contrib/PACKAGES'", ["cloud.r-project.org"]),
+        ("Error in download.file(url, destfile) : cannot open URL 'https://github.com/x/y.tar.gz'", ["github.com"]),
+        ("URL 'https://cran.r-project.org/src/contrib/x.tar.gz': status was 'Couldn't resolve host name'",
+         ["cran.r-project.org"]),
+        # a test's own server on the wildcard address that never came up: not an unreachable host
+        ("requests.exceptions.ConnectionError: HTTPConnectionPool(host='0.0.0.0', port=8080): Max retries exceeded "
+         "(Caused by NewConnectionError('Failed to establish a new connection: [Errno 111] Connection refused'))", []),
+        ("curl: (7) Failed to connect to 0.0.0.0 port 5000 after 0 ms: Couldn't connect to server", []),
     ],
 )
 def test_unreachable_hosts_from_error_messages(text, hosts):
@@ -222,3 +250,19 @@ def test_public_network_host_option(tmp_path):
     (mixed / "task.toml").write_text('version = "1.0"\n[agent]\nnetwork_mode = "no-network"\n')
     refused = trial(mixed, "nop", tmp_path / "trials", public_network="host")
     assert refused.reward is None and "cannot change network policy after start" in refused.error, refused
+
+
+def test_phase_fault_names_hosts_once_and_only_for_public_phases(tmp_path):
+    """The rule the sandbox applies after the verifier (reterm.sandbox.faults): a service look-up names its host
+    (apt's ``_http._tcp.deb.debian.org``), and a look-up in a no-network phase does not count."""
+    from reterm.sandbox.faults import phase_network_fault
+
+    (tmp_path / "verifier").mkdir()
+    log = [{"t": 1.0, "policy": "public", "event": "start"}, {"t": 2.0, "host": "_http._tcp.deb.debian.org"},
+           {"t": 2.1, "host": "deb.debian.org"}, {"t": 5.0, "policy": "no-network", "event": "policy"},
+           {"t": 6.0, "host": "pypi.org", "policy": "no-network"}]  # fmt: skip
+    (tmp_path / "reterm-network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    out = tmp_path / "oracle.txt"
+    out.write_text("")
+    phases = [("solution", (1.5, 3.0), out), ("verifier", (5.5, 7.0), tmp_path / "verifier" / "test-stdout.txt")]
+    assert phase_network_fault(tmp_path, phases) == "solution could not reach: deb.debian.org"

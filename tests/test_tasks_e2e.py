@@ -62,3 +62,20 @@ def test_check_builds_on_the_local_sandbox():
     bad = check_task(FIXTURES / "malformed" / "unsupported-base", build=True)
     assert bad.loads and bad.builds_locally is False and not bad.valid
     assert "environment/Dockerfile:1" in bad.build_error and "alpine" in bad.build_error
+
+
+def test_verify_resumes_from_its_progress_file(tmp_path):
+    """A second run into the same folder takes finished tasks from verify-progress.jsonl instead of running
+    them again (no new trial folder), and runs only the task that was not finished."""
+    from reterm.tasks.verify import PROGRESS, read_progress
+
+    first = _verify([FIXTURES / "tb2-hello"], tmp_path)
+    trials_before = sorted(p.name for p in (tmp_path / "trials").iterdir())
+    assert len(trials_before) == 2 and set(read_progress(tmp_path / PROGRESS)) == {"tb2-hello"}
+    with open(tmp_path / PROGRESS, "a") as fh:
+        fh.write('{"name": "half-written')  # a run killed while writing: skipped
+    again = _verify([FIXTURES / "tb2-hello", FIXTURES / "tb1-word-count"], tmp_path)
+    assert again["tb2-hello"].trials == first["tb2-hello"].trials and again["tb2-hello"].ok
+    assert again["tb1-word-count"].ok
+    trials_after = sorted(p.name for p in (tmp_path / "trials").iterdir())
+    assert len(trials_after) == 4 and set(trials_before) < set(trials_after)

@@ -118,3 +118,72 @@ def test_missing_package_is_reported_not_invented(env, tmp_path):
     assert out.returncode == 1
     assert "not installed and could not be installed (no network, or not on the index): surely-not-installed-pkg" in out.stderr
     assert Path(env["RETERM_SHIM_MISSING_LOG"]).read_text() == "python:surely-not-installed-pkg\n"
+
+
+def test_uvx_options_that_take_a_value_are_not_the_command(env, tmp_path):
+    """`uvx --index-strategy unsafe-best-match ... pytest` runs pytest, not `unsafe-best-match`."""
+    tests = _write_tests(tmp_path, True)
+    cmd = ["uvx", "--index-strategy", "unsafe-best-match", "--extra-index-url", "https://download.pytorch.org/whl/cpu",
+           "-p", "3.13", "-w", "pytest==8.4.1", "pytest", str(tests), "-q", "-p", "no:cacheprovider"]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout and "unsafe-best-match" not in out.stderr
+
+
+def _activated(env, tmp_path):
+    """``env`` with BASH_ENV naming the shim's activate.sh, its /opt/reterm-shim paths pointing at the source."""
+    act = tmp_path / "activate.sh"
+    act.write_text((SHIM_SOURCE / "activate.sh").read_text().replace("/opt/reterm-shim", str(SHIM_SOURCE)))
+    return {**env, "BASH_ENV": str(act)}
+
+
+@pytest.mark.parametrize("passing", [True, False])
+def test_plain_pip_install_then_python_m_pytest_ctrf_offline(env, tmp_path, passing):
+    """A Terminal-Bench 2.0 test.sh without uv: `pip install pytest==8.4.1 pytest-json-ctrf==0.3.5`, then
+    `python -m pytest --ctrf ...`. Offline the pip shim succeeds with the sandbox's pytest and the shim's
+    CTRF plugin gives --ctrf, so pytest's own result decides."""
+    tests = _write_tests(tmp_path, passing)
+    ctrf = tmp_path / "logs" / "ctrf.json"
+    script = (f"pip install pytest==8.4.1 pytest-json-ctrf==0.3.5 --break-system-packages || exit 9\n"
+              f"python3 -m pytest --ctrf {ctrf} {tests} -rA -p no:cacheprovider\n")  # fmt: skip
+    (tmp_path / "test.sh").write_text(script)
+    out = subprocess.run(["bash", str(tmp_path / "test.sh")], env=_activated(env, tmp_path), capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == (0 if passing else 1), out.stdout + out.stderr
+    summary = json.loads(ctrf.read_text())["results"]["summary"]
+    assert (summary["passed"], summary["failed"]) == ((2, 0) if passing else (1, 1))
+    assert not Path(env["RETERM_SHIM_MISSING_LOG"]).exists()
+
+
+def test_plain_pip_install_of_a_missing_package_is_reported(env, tmp_path):
+    out = subprocess.run(["bash", "-c", "pip3 install pytest==8.4.1 surely-not-installed-pkg==1.0"],
+                         env=_activated(env, tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert Path(env["RETERM_SHIM_MISSING_LOG"]).read_text() == "python:surely-not-installed-pkg\n"
+
+
+def test_ctrf_plugin_stands_aside_when_the_real_one_is_installed(env, tmp_path):
+    """With a network the pip shim installs the real pytest-json-ctrf (distribution ``pytest-json-ctrf``, module
+    ``ctrf.main`` on the ``pytest11`` entry point, as in its 0.3.5 wheel): the shim's plugin, loaded through
+    PYTEST_PLUGINS, must not add a second --ctrf (pytest's parser would fail)."""
+    site = tmp_path / "site"
+    (site / "ctrf").mkdir(parents=True)
+    (site / "ctrf" / "__init__.py").write_text("")
+    (site / "ctrf" / "main.py").write_text(
+        "import json\n"
+        "def pytest_addoption(parser):\n    parser.addoption('--ctrf', action='store', default=None)\n"
+        "def pytest_sessionfinish(session):\n"
+        "    p = session.config.getoption('--ctrf')\n"
+        "    if p:\n        json.dump({'results': {'tool': {'name': 'real'}}}, open(p, 'w'))\n"
+    )  # fmt: skip
+    dist = site / "pytest_json_ctrf-0.3.5.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pytest-json-ctrf\nVersion: 0.3.5\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nctrf = ctrf.main\n")
+    tests = _write_tests(tmp_path, True)
+    ctrf = tmp_path / "ctrf.json"
+    run_env = {**_activated(env, tmp_path), "PYTHONPATH": str(site)}
+    script = f"python3 -m pytest --ctrf {ctrf} {tests} -q -p no:cacheprovider\n"
+    out = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(ctrf.read_text())["results"]["tool"]["name"] == "real"

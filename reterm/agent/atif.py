@@ -126,8 +126,13 @@ def to_atif(traj: Trajectory, session_id: str | None = None) -> Any:
             )
         )
     top = traj.model_dump(mode="json", exclude={"steps", "system_prompt", "instruction"})
-    prompt = [s.prompt_tokens for s in traj.steps if s.prompt_tokens is not None]
-    completion = [s.completion_tokens for s in traj.steps if s.completion_tokens is not None]
+    # A continued trajectory (a recovery attempt) copies the failed attempt's turns as its prefix
+    # (``is_copied_context``): its totals count its own turns only, as Harbor's own converters do
+    # (harbor.agents.installed.kimi_code_trajectory: "final_metrics excludes steps marked is_copied_context").
+    own = [s for i, s in enumerate(traj.steps) if i >= traj.prefix_len and not s.from_history]
+    copied = len(traj.steps) - len(own)
+    prompt = [s.prompt_tokens for s in own if s.prompt_tokens is not None]
+    completion = [s.completion_tokens for s in own if s.completion_tokens is not None]
     return AtifTrajectory(
         session_id=session_id or traj.metadata.get("session_id"),
         agent=Agent(
@@ -141,11 +146,18 @@ def to_atif(traj: Trajectory, session_id: str | None = None) -> Any:
             "ReTerm harness (reterm.agent). Step 1 is the system prompt, step 2 the task instruction; each "
             "agent step is one model turn with at most one tool call. extra.reterm holds the exact "
             "ReTerm trajectory fields (reterm.agent.atif.from_atif restores them)."
+            + (
+                f" final_metrics counts this trajectory's own {len(own)} agent steps: the {copied} steps marked "
+                "is_copied_context (a failed attempt's turns it continues from) stay serialized as context but are "
+                "left out of the token totals and of total_steps."
+                if copied
+                else ""
+            )
         ),
         final_metrics=FinalMetrics(
             total_prompt_tokens=sum(prompt) if prompt else None,
             total_completion_tokens=sum(completion) if completion else None,
-            total_steps=len(steps),
+            total_steps=len(steps) - copied,
         ),
         extra={_KEY: top},
     )

@@ -42,7 +42,10 @@ Rules (and where they come from)
   could not install (``verifier/reterm-shim-missing.txt``), and the error messages in the verifier's output
   and the oracle's log. A ``no-network`` phase never counts, and what the *agent* fails to reach in its own
   phase stays its failure (the kit's tasks need no network; an agent that tries ``pip install`` offline must
-  recover).
+  recover). The local sandbox applies the same rule while the trial runs and raises
+  ``NetworkUnreachableError`` after the verifier, so Harbor's own ``result.json`` records the fault
+  (``exception_info``) with no reward (:mod:`reterm.sandbox.faults`); this module maps that type to
+  ``NETWORK_ERROR``.
 * **A reward that cannot be scored** (several keys and none named ``reward``, outside [0, 1]; the one
   reader :func:`reterm.rewards.scalar_reward`) is a verifier fault of that trial only
   (``exception_type`` ``RewardError``, the message naming the file and the value); the report goes on.
@@ -50,7 +53,6 @@ Rules (and where they come from)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -59,8 +61,7 @@ from harbor.models.trial.error_policy import ERROR_POLICIES
 from harbor.models.trial.result import ExceptionInfo, TimingInfo, TrialResult
 
 from reterm.rewards import RewardError, reward_source, scalar_reward
-from reterm.sandbox.network import NETWORK_LOG, mentions_unreachable, unreachable_hosts
-from reterm.sandbox.shim import MISSING_LOG
+from reterm.sandbox.faults import phase_network_fault
 from reterm.trajectory import PASS_THRESHOLD, Outcome
 
 # Harbor exception type -> fault outcome. Types not listed here but marked has_valid_reward=False by
@@ -80,6 +81,8 @@ _FAULT_OUTCOME: dict[str, Outcome] = {
     "DspyImportError": Outcome.HARNESS_ERROR,
     # this kit's policy backends (reterm.policies.base.EndpointError)
     "EndpointError": Outcome.ENDPOINT_ERROR,
+    # the local sandbox: a verifier or reference solution lacked a host (reterm.sandbox.faults)
+    "NetworkUnreachableError": Outcome.NETWORK_ERROR,
 }
 _ENVIRONMENT_ERRORS = {
     "SandboxBuildFailedError",
@@ -157,92 +160,22 @@ def _window(timing: TimingInfo | None) -> tuple[float, float] | None:
     return timing.started_at.timestamp(), end.timestamp()
 
 
-def _read(path: Path, limit: int = 4 << 20) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read(limit)
-    except OSError:
-        return ""
-
-
-def _ctrf_clears_network(path: Path) -> bool:
-    """True when the verifier's CTRF report (``--ctrf``, as Terminal-Bench 2.0 verifiers write it; the offline
-    shim's plugin too) shows that tests ran and that no failing test's message tells of an unreachable host:
-    then a host looked up on the way (``apt-get update``, a pip check) did not decide the reward."""
-    try:
-        tests = json.loads(_read(path))["results"]["tests"]
-    except (ValueError, KeyError, TypeError):
-        return False
-    if not isinstance(tests, list) or not tests:
-        return False
-    failed = [t for t in tests if isinstance(t, dict) and t.get("status") == "failed"]
-    return not any(mentions_unreachable(json.dumps(t)) for t in failed)
-
-
 def network_fault(result: TrialResult, trial_dir: str | Path | None) -> str | None:
     """Why a trial's verifier or reference solution lacked the network its task asked for, naming hosts and
-    packages, or ``None``.
+    packages, or ``None`` (:func:`reterm.sandbox.faults.phase_network_fault`, the rule the local sandbox also
+    applies when it raises :class:`~reterm.sandbox.faults.NetworkUnreachableError` for Harbor).
 
-    Only phases whose network policy was ``public`` count (the task asked for the internet and the trial could
-    not give it): the verifier, and for Harbor's ``oracle`` agent the reference solution. A ``no-network``
-    phase that looks a host up is the task's or the agent's business, so an agent cannot turn its failure into
-    a fault by making the verifier reach for the network in a task that forbids it. Evidence within a phase:
-    host names the local sandbox recorded as looked up offline (``trial_dir/reterm-network.jsonl``,
-    :data:`reterm.sandbox.network.NETWORK_LOG`, which also records each phase's policy), packages the offline
-    verifier shim could not install (``verifier/reterm-shim-missing.txt``), and hosts named by error messages in
-    ``verifier/test-stdout.txt`` / ``agent/oracle.txt`` (:func:`reterm.sandbox.network.unreachable_hosts`; for a
-    sandbox on the host's network, in rootless mode, or another environment without that log, where every phase
-    counts as public). Hosts do not count for the verifier when its CTRF report shows that tests ran and none
-    failed for want of a host (a look-up on the way, such as ``apt-get update``, did not decide the reward);
-    packages the shim could not install always count. Returns e.g. ``"verifier could not reach: astral.sh, pypi.org"``; phases joined by ``"; "``.
+    Phases: the verifier (``verifier/test-stdout.txt``), and for Harbor's ``oracle`` agent the reference
+    solution (``agent/oracle.txt``), each over its window in ``result``. Returns e.g.
+    ``"verifier could not reach: astral.sh, pypi.org"``.
     """
     if trial_dir is None:
         return None
     trial_dir = Path(trial_dir)
-    lookups: list[tuple[float, str, str]] = []
-    policies: list[tuple[float, str]] = []  # (time, policy) from the start record and each switch
-    for line in _read(trial_dir / NETWORK_LOG).splitlines():
-        try:
-            rec = json.loads(line)
-            t = float(rec["t"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        if "host" in rec:
-            lookups.append((t, str(rec["host"]), str(rec.get("policy", "public"))))
-        elif "policy" in rec:
-            policies.append((t, str(rec["policy"])))
-
-    def policy_at(t: float) -> str:
-        current = "public"  # no log: another environment, assumed to give what the task asked for
-        for when, policy in sorted(policies):
-            if when <= t:
-                current = policy
-        return current
-
-    cleared = _ctrf_clears_network(trial_dir / "verifier" / "ctrf.json")
     phases = [("verifier", _window(result.verifier), trial_dir / "verifier" / "test-stdout.txt")]
     if result.agent_info.name == "oracle":
         phases.insert(0, ("solution", _window(result.agent_execution), trial_dir / "agent" / "oracle.txt"))
-    reasons = []
-    for phase, window, output in phases:
-        if window is None or policy_at(window[0]) != "public":
-            continue
-        hosts: dict[str, None] = {}
-        for t, host, policy in lookups:
-            if window[0] <= t <= window[1] and policy == "public":
-                hosts.setdefault(host, None)
-        for host in unreachable_hosts(_read(output)):
-            hosts.setdefault(host, None)
-        if phase == "verifier" and cleared:  # the tests ran, and none failed for want of a host
-            hosts = {}
-        missing = []
-        if phase == "verifier":
-            missing = sorted(set(_read(trial_dir / "verifier" / MISSING_LOG).split()))
-        if hosts:
-            reasons.append(f"{phase} could not reach: {', '.join(hosts)}")
-        if missing:
-            reasons.append(f"{phase} needs what the offline shim could not install: {', '.join(missing)}")
-    return "; ".join(reasons) or None
+    return phase_network_fault(trial_dir, phases)
 
 
 def classify_trial(result: TrialResult, trial_dir: str | Path | None = None) -> tuple[Outcome, float | None]:
@@ -321,8 +254,10 @@ def score_trial(result: TrialResult, trial_dir: str | Path) -> TrialScore:
         reward_of(result, trial_dir)
     except RewardError as exc:  # the trial's own fault; the rest of the report goes on
         exception_type, exception_message = "RewardError", str(exc)[:500]
-    if outcome is Outcome.NETWORK_ERROR:  # the task needed more network than the trial had: name the hosts
-        exception_type, exception_message = "NetworkUnreachable", (network_fault(result, trial_dir) or "")[:500]
+    if outcome is Outcome.NETWORK_ERROR and exception_type != "NetworkUnreachableError":
+        # the task needed more network than the trial had: name the hosts (the local sandbox's own
+        # NetworkUnreachableError already does, in Harbor's result.json)
+        exception_type, exception_message = "NetworkUnreachableError", (network_fault(result, trial_dir) or "")[:500]
     timing = result.agent_execution
     agent_s = None
     if timing and timing.started_at and timing.finished_at:

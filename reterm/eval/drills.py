@@ -18,7 +18,8 @@ For each model (greedy decoding, the kit's one harness and prompt):
 
 Every rate is ``{"value", "ci95", "n"}`` (Wilson, :mod:`reterm.stats`); every difference between two models
 on the same items is a paired bootstrap interval. Infrastructure faults are counted apart and leave the
-denominators. Results: ``DIR/results.json``, ``DIR/report.md`` and ``DIR/rates.png``; each model's attempts in
+denominators; a sandbox fault that followed the attempt's own command is the agent's failure
+(:func:`agent_broke_sandbox`), so breaking the sandbox cannot hide one. Results: ``DIR/results.json``, ``DIR/report.md`` and ``DIR/rates.png``; each model's attempts in
 ``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists, and a model
 interrupted midway resumes from its journal (``DIR/<model>/journal.jsonl``: its scored attempts so far; the
 failed ones whose snapshots a later step forks are attempted again).
@@ -120,7 +121,7 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
         got = await run_attempts(policy, [dirs[i] for i in idx],
                                  states=[states[i] for i in idx] if states is not None else None,
                                  snapshots=[snapshots[i] for i in idx] if snapshots is not None else None, **kw)  # fmt: skip
-        out.update(zip(idx, got))
+        out.update(zip(idx, _blame(got)))
         if journal is not None:
             rows = [json.dumps({"key": keys[i], "trajectory": a.trajectory.model_dump(mode="json")})
                     for i, a in zip(idx, got) if _scored(a)]  # fmt: skip
@@ -140,6 +141,50 @@ def spread(items: list[Any], n: int | None) -> list[Any]:
     if n <= 0:
         return []
     return [items[(i * len(items)) // n] for i in range(n)]
+
+
+# What the episode loop says when the sandbox's own init is gone: the one sandbox fault after the agent's commands
+# that the host did (reterm.agent.episode.blame_breakage).
+_HOST_ENDED = "the sandbox itself ended"
+# What it says when the sandbox stopped working once one of the agent's commands had started (the command is then
+# not recorded as a step when the loop blamed the host).
+_AFTER_COMMAND = "the terminal failed after this command"
+
+
+def agent_broke_sandbox(traj: Trajectory) -> str | None:
+    """Why a sandbox fault of an attempt is the agent's failure, or ``None``.
+
+    The rule of docs/SCORING.md ("what the agent breaks is its failure"), applied to what an attempt
+    records: a ``SANDBOX_ERROR`` that came after at least one of the attempt's own commands had run (a step of
+    its own, past the copied history, with a command) or while one ran (the loop's "the terminal failed after
+    this command"; that command is not kept as a step then) is the agent's doing, unless the sandbox's own init
+    was gone (``"the sandbox itself ended"``: the host or harness ended it). The episode loop blames the host
+    when the host was short of memory and the sandbox's limits showed nothing, which an agent's fork bomb can
+    also bring about on a loaded host; counting such an attempt as a fault would let an agent hide a failure
+    by breaking its sandbox. Faults before any command (the sandbox or terminal did not start, the failure
+    state could not be rebuilt) stay faults.
+    """
+    if traj.outcome is not Outcome.SANDBOX_ERROR or _HOST_ENDED in (traj.error or ""):
+        return None
+    own = [s for s in traj.steps[traj.prefix_len :] if not s.from_history and s.action is not None and s.command]
+    if _AFTER_COMMAND in (traj.error or ""):
+        return f"the sandbox stopped working during the attempt's next command: {traj.error}"[:500]
+    if not own:
+        return None
+    return f"the sandbox stopped working after the attempt's command {own[-1].command!r}: {traj.error or ''}"[:500]
+
+
+def _blame(attempts: list[Attempt]) -> list[Attempt]:
+    """Score the attempts whose sandbox fault the agent caused (:func:`agent_broke_sandbox`) as failures with
+    reward 0 and ``metadata["broken_by_agent"]``, as the episode loop scores what the agent breaks."""
+    for a in attempts:
+        why = agent_broke_sandbox(a.trajectory)
+        if why is not None:
+            t = a.trajectory
+            t.metadata["sandbox_error"] = t.error
+            t.reward, t.outcome, t.error, t.stop_reason = 0.0, Outcome.FAILURE, None, "sandbox_broken"
+            t.metadata["broken_by_agent"] = why
+    return attempts
 
 
 def _scored(a: Attempt) -> bool:

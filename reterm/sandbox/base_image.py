@@ -30,6 +30,10 @@ from reterm.sandbox.paths import file_lock, rmtree_writable, sub
 logger = logging.getLogger(__name__)
 
 SUITE = "bookworm"
+# The Debian releases a base can be made of (``FROM debian:13`` / ``debian:trixie`` get a real trixie base, built
+# the same way from the same mirror; everything else maps onto bookworm). debootstrap must know the suite
+# (``/usr/share/debootstrap/scripts/<suite>``; Debian 12's debootstrap 1.0.128 knows trixie).
+SUITES: dict[str, str] = {"bookworm": "12", "trixie": "13"}
 VARIANT = "minbase"
 # Exactly this list (the lead's decision, shared with the task suite): no jq, no build-essential.
 PACKAGES: tuple[str, ...] = (
@@ -117,11 +121,17 @@ def base_packages() -> tuple[str, ...]:
     return STRICT_PACKAGES if strict_mode() else PACKAGES
 
 
-def find_base(packages: tuple[str, ...] | None = None) -> BaseImage | None:
-    """The cached base for ``packages`` (default :func:`base_packages`) if it was built, else None (never
-    builds)."""
+def _check_suite(suite: str) -> None:
+    if suite not in SUITES:
+        raise ValueError(f"Debian suite {suite!r}: the local sandbox builds bases of {', '.join(SUITES)} only")
+
+
+def find_base(packages: tuple[str, ...] | None = None, suite: str = SUITE) -> BaseImage | None:
+    """The cached base for ``packages`` (default :func:`base_packages`) and Debian ``suite`` if it was built,
+    else None (never builds)."""
+    _check_suite(suite)
     packages = base_packages() if packages is None else packages
-    key = base_key(packages)
+    key = base_key(packages, suite)
     root = sub("base") / key
     meta_path = sub("base") / f"{key}.json"
     if (root / "rootfs" / "usr" / "bin" / "dpkg").exists() and meta_path.exists():
@@ -129,9 +139,9 @@ def find_base(packages: tuple[str, ...] | None = None) -> BaseImage | None:
     return None
 
 
-def ensure_base(packages: tuple[str, ...] | None = None, *, log=None) -> BaseImage:
-    """Return the cached base root filesystem (``packages`` default :func:`base_packages`), building it
-    with debootstrap first if missing.
+def ensure_base(packages: tuple[str, ...] | None = None, *, suite: str = SUITE, log=None) -> BaseImage:
+    """Return the cached base root filesystem (``packages`` default :func:`base_packages`; Debian ``suite``, one
+    of :data:`SUITES`), building it with debootstrap first if missing.
 
     Needs the network to the Debian mirror for the first build only. As root it runs debootstrap;
     as another user it runs debootstrap as the fake root of a user namespace under fakeroot
@@ -142,15 +152,16 @@ def ensure_base(packages: tuple[str, ...] | None = None, *, log=None) -> BaseIma
     Raises:
         RuntimeError: debootstrap (or, without root, fakeroot or user namespaces) is missing, or the
             build failed (with its log tail).
+        ValueError: ``suite`` is not one of :data:`SUITES`.
     """
     log = log or logger.info
     packages = base_packages() if packages is None else packages
-    found = find_base(packages)
+    found = find_base(packages, suite)
     if found:
         return found
-    key = base_key(packages)
+    key = base_key(packages, suite)
     with file_lock(f"base-{key}", wait_message="waiting for another process building the sandbox base", log=log):
-        found = find_base(packages)
+        found = find_base(packages, suite)
         if found:
             return found
         debootstrap = shutil.which("debootstrap", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
@@ -167,11 +178,11 @@ def ensure_base(packages: tuple[str, ...] | None = None, *, log=None) -> BaseIma
                                    "(a root cache), or build as a user where they work.")  # fmt: skip
         rmtree_writable(tmp)
         (tmp / "rootfs").mkdir(parents=True)
-        cmd = [debootstrap, f"--variant={VARIANT}", f"--include={','.join(packages)}", SUITE, str(tmp / "rootfs"), mirror]
+        cmd = [debootstrap, f"--variant={VARIANT}", f"--include={','.join(packages)}", suite, str(tmp / "rootfs"), mirror]
         if rootless_build:
-            cmd = rootless.debootstrap_rootless_argv(tmp / "rootfs", mirror, packages, SUITE, VARIANT)
+            cmd = rootless.debootstrap_rootless_argv(tmp / "rootfs", mirror, packages, suite, VARIANT)
         how = ", without root (user namespace + fakeroot), about 4 minutes" if rootless_build else ", about a minute"
-        log(f"building the sandbox base (debootstrap {SUITE} from {mirror}{how}): {tmp / 'rootfs'}")
+        log(f"building the sandbox base (debootstrap {suite} from {mirror}{how}): {tmp / 'rootfs'}")
         t0 = time.monotonic()
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -191,7 +202,7 @@ def ensure_base(packages: tuple[str, ...] | None = None, *, log=None) -> BaseIma
         _finish_rootfs(tmp / "rootfs", rootless_build=rootless_build)
         (tmp / "fakeroot.state").unlink(missing_ok=True)
         meta = {
-            "key": key, "suite": SUITE, "variant": VARIANT, "packages": list(packages), "mirror": mirror,
+            "key": key, "suite": suite, "variant": VARIANT, "packages": list(packages), "mirror": mirror,
             "recipe_version": RECIPE_VERSION, "built_at": time.time(), "build_s": round(time.monotonic() - t0, 1),
             "built_by_uid": os.geteuid(), "rootless_build": rootless_build,
         }  # fmt: skip

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from harbor.environments.base import SandboxBuildFailedError
 
 from reterm.sandbox import dockerfile as df
-from reterm.sandbox.base_image import BaseImage, strict_mode
+from reterm.sandbox.base_image import SUITES, BaseImage, strict_mode
 from reterm.sandbox.box import CA_ENV_VARS, DEFAULT_PATH, HOST_CA_PATH, Box, BoxSpec, host_ca_bundle
 from reterm.sandbox.network import mentions_unreachable, unreachable_hosts
 from reterm.sandbox.paths import file_lock, rmtree_writable, sub
@@ -167,6 +167,17 @@ def context_files(context: Path) -> list[Path]:
     return out
 
 
+def base_suite(environment_dir: Path, docker_image: str | None = None) -> str:
+    """The Debian suite of the base the task's layer builds on (:func:`reterm.sandbox.dockerfile.debian_suite` of
+    the Dockerfile's first ``FROM``, else of ``docker_image``); ``bookworm`` when neither names one."""
+    dockerfile = Path(environment_dir) / "Dockerfile"
+    image = None
+    if dockerfile.is_file():
+        image = df.first_from(dockerfile.read_text(errors="replace"))
+    image = image or docker_image
+    return df.debian_suite(image) if image else "bookworm"
+
+
 def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> str:
     """Cache key of a task layer: sha256 over base key, build version, Dockerfile and context files
     (and the mode, in rootless mode only: root-mode keys are unchanged)."""
@@ -187,6 +198,35 @@ def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> st
                     for chunk in iter(lambda: f.read(1 << 20), b""):
                         h.update(chunk)
     return h.hexdigest()[:16]
+
+
+# A failed build is remembered this long (seconds): later trials of the task fail at once with the same reason
+# instead of redoing the steps that failed (``force_build`` / ``harbor run --force-build`` rebuilds at once).
+FAILED_BUILD_TTL_S = 24 * 3600
+
+
+def _failure_path(key: str) -> Path:
+    return sub("layers") / f"{key}.failed.json"
+
+
+def cached_failure(key: str) -> dict | None:
+    """The recorded failure of the build ``key`` (``{"reason", "failed_at", "build_s"}``) while it is younger than
+    :data:`FAILED_BUILD_TTL_S`, else ``None``."""
+    try:
+        rec = json.loads(_failure_path(key).read_text())
+        if time.time() - float(rec["failed_at"]) < FAILED_BUILD_TTL_S:
+            return rec
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _raise_cached(rec: dict, dockerfile: Path) -> None:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(rec["failed_at"])))
+    raise SandboxBuildFailedError(
+        f"{rec['reason']}\n(the build of {dockerfile} failed at {when} after {rec.get('build_s', '?')} s and is not "
+        "retried for a day: pass force_build (harbor run --force-build) to build it again)"
+    )
 
 
 def find_layer(key: str) -> TaskLayer | None:
@@ -231,7 +271,8 @@ async def ensure_layer(
 
     Raises:
         DockerfileError: unsupported instruction or base image (message names file and line).
-        SandboxBuildFailedError: a build step failed (message names file, line and exit code).
+        SandboxBuildFailedError: a build step failed (message names file, line and exit code), now or, without
+            ``force``, within :data:`FAILED_BUILD_TTL_S` before (the recorded reason, said to be cached).
     """
     log = log or logger.info
     dockerfile = environment_dir / "Dockerfile"
@@ -245,9 +286,13 @@ async def ensure_layer(
     key = layer_key(text, context, base)
     if not force and (found := find_layer(key)):
         return found
+    if not force and (failed := cached_failure(key)):
+        _raise_cached(failed, dockerfile)
     async with _async_lock(f"layer-{key}", log):
         if not force and (found := find_layer(key)):
             return found
+        if not force and (failed := cached_failure(key)):  # another trial's build just failed
+            _raise_cached(failed, dockerfile)
         if dockerfile.is_file():
             instructions = df.parse(dockerfile)
         else:
@@ -257,9 +302,15 @@ async def ensure_layer(
         t0 = time.monotonic()
         try:
             meta = await _Builder(dockerfile, context, base, tmp, log).run(instructions)
+        except SandboxBuildFailedError as exc:  # a step failed: remembered, so the next trial does not redo it
+            rmtree_writable(tmp)
+            rec = {"reason": str(exc), "failed_at": time.time(), "build_s": round(time.monotonic() - t0, 2)}
+            _failure_path(key).write_text(json.dumps(rec, indent=1))
+            raise
         except BaseException:
             rmtree_writable(tmp)
             raise
+        _failure_path(key).unlink(missing_ok=True)
         meta["build_s"] = round(time.monotonic() - t0, 2)
         final = sub("layers") / key
         if final.exists():  # forced rebuild: running sandboxes may still use the old one
@@ -473,7 +524,8 @@ class _Builder:
                      "steps use this machine's network, and the host is not reachable from it; the task needs more "
                      "network than this machine has)")  # fmt: skip
         elif self.mapping and self.mapping.family != "debian":
-            hint += (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian 12 bookworm; "
+            suite = self.base.meta.get("suite", "bookworm")
+            hint += (f"\n(note: the local sandbox builds FROM {self.mapping.image} on Debian {SUITES.get(suite, '?')} {suite}; "
                     "package names or versions of another distribution may not exist there)")  # fmt: skip
         raise SandboxBuildFailedError(f"{self.where(ins)}: {what} failed with exit code {r.return_code}:\n{tail}{hint}")
 

@@ -195,13 +195,37 @@ class BaseMapping:
     python_aliases: bool
 
 
+def debian_suite(image: str) -> str:
+    """The Debian suite of the base a ``FROM`` image is built on: ``trixie`` for Debian 13 images
+    (``debian:13``, ``debian:13-slim``, ``debian:trixie*``, ``buildpack-deps:trixie*``), else ``bookworm`` (every
+    other debian, ubuntu and python image; :data:`reterm.sandbox.base_image.SUITES`)."""
+    ref = image.split("@", 1)[0]
+    name, _, tag = ref.rsplit("/", 1)[-1].partition(":")
+    name, tag = name.lower(), tag.lower()
+    if name.startswith(("debian", "buildpack-deps")) and (tag == "13" or tag.startswith(("13-", "13.", "trixie"))):
+        return "trixie"
+    return "bookworm"
+
+
+def first_from(text: str) -> str | None:
+    """The image of a Dockerfile's first ``FROM`` line (``--platform=`` skipped), or ``None``."""
+    for line in text.splitlines():
+        words = line.strip().split()
+        if words and words[0].upper() == "FROM":
+            images = [w for w in words[1:] if not w.startswith("--")]
+            return images[0] if images else None
+    return None
+
+
 def map_base_image(image: str, where: str) -> BaseMapping:
-    """Map a ``FROM`` image onto the Debian bookworm base, or raise :class:`DockerfileError`.
+    """Map a ``FROM`` image onto the Debian base (bookworm; trixie for Debian 13, :func:`debian_suite`), or raise
+    :class:`DockerfileError`.
 
     Accepted: ``debian:*``, ``buildpack-deps:*``, ``ubuntu:*``, ``python:*`` (any registry or org
     prefix, so Terminal-Bench's ``ghcr.io/laude-institute/t-bench/ubuntu-24-04`` and
-    ``.../python-3-13`` count). The userland is always Debian 12 with Python 3.11: a Dockerfile that
-    installs another distribution's package names fails at its ``RUN`` line with apt's message.
+    ``.../python-3-13`` count). The userland is Debian 12 with Python 3.11 (Debian 13 with Python 3.13 for
+    ``FROM debian:13``): a Dockerfile that installs another distribution's package names fails at its ``RUN``
+    line with apt's message.
     """
     ref = image.split("@", 1)[0]
     name = ref.rsplit("/", 1)[-1]

@@ -18,7 +18,8 @@ What it is (measured figures in ``bench/sandbox_fork.py``, limits in docs/SANDBO
 bubblewrap namespaces over overlayfs layers (Debian base from debootstrap, the task's build layer,
 snapshots, a size-limited writable tmpfs), cgroup limits, loopback-only network; as root, or without
 root in an unprivileged user namespace (rootless mode, :mod:`reterm.sandbox.rootless`). It is not a VM
-and not the task's own image: ``FROM debian|ubuntu|python`` map onto one Debian 12 base.
+and not the task's own image: ``FROM debian|ubuntu|python`` map onto a Debian 12 base (``FROM debian:13``: a
+Debian 13 base).
 
 Network policy (Harbor's ``NetworkPolicy``; docs/SANDBOX.md, Network): by default trials run without a
 network (only ``lo``; a server on the host's 127.0.0.1 is unreachable), ``no-network`` exactly and a
@@ -28,7 +29,9 @@ network (only ``lo``; a server on the host's 127.0.0.1 is unreachable), ``no-net
 are rejected by Harbor's own check. Offline, every host name a sandbox looks up is recorded
 (:mod:`reterm.sandbox.network`) in ``<trial>/`` :data:`NETWORK_LOG`, so that a verifier or reference
 solution that failed for want of a host is an infrastructure fault naming it
-(:mod:`reterm.agent.trial_outcome`). The offline verifier shim (:mod:`reterm.sandbox.shim`) applies to
+(:mod:`reterm.agent.trial_outcome`); right after such a verifier this environment raises
+:class:`~reterm.sandbox.faults.NetworkUnreachableError`, so Harbor's result.json records the fault naming the
+hosts instead of a reward of 0 (option ``network_faults``). The offline verifier shim (:mod:`reterm.sandbox.shim`) applies to
 the verifier's ``tests/test.sh`` in every trial (``verifier_shim=false`` turns it off).
 """
 
@@ -69,7 +72,8 @@ from reterm.sandbox.box import (
     default_pids_max,
     host_ca_bundle,
 )
-from reterm.sandbox.build import TaskLayer, ensure_layer
+from reterm.sandbox.build import TaskLayer, base_suite, ensure_layer
+from reterm.sandbox.faults import NetworkUnreachableError, phase_network_fault, written_reward
 from reterm.sandbox.network import NETWORK_LOG, recorder
 from reterm.sandbox.paths import rmtree_writable
 from reterm.sandbox.preflight import missing_tools, require_root_or_explain
@@ -122,6 +126,12 @@ class LocalOptions(EnvironmentOptions):
         "offline; give it the host's network (host: every phase must be public, as the sandbox cannot switch "
         "its network after start; its localhost is then the host's); or reject it (error)",
     )
+    network_faults: bool = Field(
+        default=True,
+        description="after the verifier, raise NetworkUnreachableError (Harbor records it in result.json, no "
+        "reward) when the reward is below 1 and the verifier or reference solution failed for want of a host "
+        "its public phase asked for (reterm/sandbox/faults.py); false: leave the reward as the verifier wrote it",
+    )
     verifier_shim: bool = Field(
         default=True,
         description="run the verifier's tests/test.sh with the offline verifier shim (uv's installer served "
@@ -159,6 +169,7 @@ class LocalEnvironment(BaseEnvironment):
         self._workdir: str | None = None
         self._lookups: list[tuple[float, str]] = []
         self._dns_sock: Any = None
+        self._solution_window: tuple[float, float] | None = None
         super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, **kwargs)
         self._check_policies([self._network_policy, *self._phase_network_policies])
 
@@ -357,7 +368,8 @@ class LocalEnvironment(BaseEnvironment):
             layer_workdir = meta.get("layer_workdir")
             self._lease = snapmod.take_lease(self._snapshot.path)
         else:
-            base = await asyncio.to_thread(ensure_base, log=logger.info)
+            suite = base_suite(self.environment_dir, self.task_env_config.docker_image)
+            base = await asyncio.to_thread(ensure_base, suite=suite, log=logger.info)
             self._layer = await ensure_layer(
                 self.environment_dir, base, docker_image=self.task_env_config.docker_image,
                 force=force_build, log=logger.info,
@@ -485,16 +497,49 @@ class LocalEnvironment(BaseEnvironment):
         u = self._resolve_user(user)
         if u is None:
             u = self._image_user
+        started = time.time()
         r = await box.run(
             box.wrap_command(command, user=u, cwd=cwd or self._workdir, set_home=set_home),
             env=full_env, timeout=timeout_sec, max_output_bytes=self.options.max_output_bytes,
             on_output=self._output_callback(),
         )  # fmt: skip
+        window = (started, time.time())
         stdout = r.stdout.decode(errors="replace")
         stderr = r.stderr.decode(errors="replace")
+        if _is_script_command(command, str(EnvironmentPaths.solution_dir)):
+            self._solution_window = window
         if r.timed_out:
             raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds", stdout, stderr)
+        if self.options.network_faults and _is_verifier_command(command):
+            await self._raise_network_fault(window)
         return ExecResult(stdout=stdout or None, stderr=stderr or None, return_code=r.return_code)
+
+    async def _raise_network_fault(self, verifier_window: tuple[float, float]) -> None:
+        """Raise :class:`NetworkUnreachableError` when the verifier that just ran wrote a reward below 1 (or
+        none) and it, or the reference solution before it, failed for want of a host its ``public`` phase
+        asked for (:func:`reterm.sandbox.faults.phase_network_fault`). Harbor then records the fault in
+        ``result.json`` with no reward instead of scoring 0.
+
+        Reads the verifier's files (reward, output, CTRF report, the shim's missing log) from the sandbox's
+        ``/logs/verifier``, copied into the trial's ``verifier/`` first as Harbor does next (so they are there
+        when the trial ends with the fault)."""
+        verifier_dir = self.trial_paths.verifier_dir
+        in_sandbox = str(EnvironmentPaths.verifier_dir)
+        if not self.is_path_mounted(EnvironmentPaths.verifier_dir, verifier_dir):
+            try:
+                await self.download_dir(in_sandbox, verifier_dir)
+            except (FileNotFoundError, OSError, tarfile.TarError) as exc:
+                logger.warning("sandbox %s: the verifier's files could not be read: %s", self.session_id, exc)
+                return
+        reward = written_reward(verifier_dir)
+        if reward is not None and reward >= 1:
+            return
+        phases = [("verifier", verifier_window, verifier_dir / "test-stdout.txt")]
+        if self._solution_window is not None:
+            phases.insert(0, ("solution", self._solution_window, self.trial_paths.agent_dir / "oracle.txt"))
+        reason = phase_network_fault(self.trial_paths.trial_dir, phases)
+        if reason:
+            raise NetworkUnreachableError(reason)
 
     async def _root_run(self, argv: list[str], **kw) -> Any:
         box = self.box
@@ -668,9 +713,14 @@ class LocalEnvironment(BaseEnvironment):
 def _is_verifier_command(command: str) -> bool:
     """True for the command Harbor's verifier runs: a script under ``/tests`` (``/tests/test.sh > ...``,
     quoted or not, in Harbor's ``(script) > stdout 2>&1``; ``harbor.verifier.verifier.Verifier.verify``)."""
-    tests = str(EnvironmentPaths.tests_dir)
+    return _is_script_command(command, str(EnvironmentPaths.tests_dir))
+
+
+def _is_script_command(command: str, folder: str) -> bool:
+    """True when ``command`` runs a script under ``folder`` the way Harbor's verifier (``/tests``) and oracle
+    agent (``/solution``) do (``harbor.utils.scripts.build_execution_command``); a ``chmod`` of it is not."""
     head = command.lstrip("( '\"")
-    return head.startswith(tests + "/")
+    return head.startswith(folder + "/")
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -52,6 +52,9 @@ _HOST_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         r"error sending request for url \(https?://([A-Za-z0-9.-]+)",  # uv, cargo (reqwest)
         r"dial tcp: lookup ([A-Za-z0-9.-]+)",  # go
         r"<urlopen error \[Errno -?\d+\] [^>]*> .*?https?://([A-Za-z0-9.-]+)",  # urllib with the URL after
+        r"cannot open URL '(?:https?|ftp)://([A-Za-z0-9.-]+)",  # R (download.file, install.packages)
+        r"unable to access index for repository (?:https?|ftp)://([A-Za-z0-9.-]+)",  # R (install.packages)
+        r"URL '(?:https?|ftp)://([A-Za-z0-9.-]+)[^']*': status was 'Couldn't (?:resolve|connect)",  # R (libcurl)
     )
 )
 # Messages that say a name could not be resolved without naming it (Python's socket.gaierror, pip).
@@ -59,7 +62,9 @@ _ANONYMOUS = re.compile(
     r"Temporary failure in name resolution|Name or service not known|nodename nor servname provided|"
     r"No address associated with hostname|Network is unreachable"
 )
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "sandbox", ""}
+# The sandbox's own addresses and names: a server the task (or its test) should have started there and did not
+# is the task's business, not the network's (a test's own dead server on 0.0.0.0, its wildcard address).
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "sandbox", "", "0.0.0.0", "::", "ip6-localhost", "ip6-loopback"}
 
 
 def unreachable_hosts(text: str) -> list[str]:
@@ -70,7 +75,7 @@ def unreachable_hosts(text: str) -> list[str]:
     for pat in _HOST_PATTERNS:
         for m in pat.finditer(text):
             host = m.group(1).strip(".").lower()
-            if host not in _LOCAL_NAMES and not host.startswith("127."):
+            if host not in _LOCAL_NAMES and not host.startswith("127.") and not host.endswith(".localhost"):
                 seen.setdefault(host, None)
     return list(seen)
 

@@ -48,11 +48,12 @@ class TaskCheck:
 
 def _build(loaded: LoadedTask) -> tuple[bool, str | None, float]:
     """Build (or find cached) the task's layer on the local sandbox. Returns (ok, error, build seconds)."""
-    from reterm.sandbox.build import ensure_layer
+    from reterm.sandbox.build import base_suite, ensure_layer
 
     t0 = time.monotonic()
     try:
-        base = ensure_base()
+        env = loaded.task.paths.environment_dir
+        base = ensure_base(suite=base_suite(env, loaded.task.config.environment.docker_image))
         layer = asyncio.run(
             ensure_layer(loaded.task.paths.environment_dir, base,
                          docker_image=loaded.task.config.environment.docker_image)

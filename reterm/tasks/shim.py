@@ -17,8 +17,10 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(^|[\s;&|(`$])uvx\s"), "runs uvx"),
     (re.compile(r"(^|[\s;&|(`$])uv\s+(run|pip|venv|add|init|sync|tool|python)\b"), "runs uv"),
     (re.compile(r"(^|[\s;&|(`])(apt-get|apt)\s+(update|install)\b"), "runs apt-get (offline: no mirror)"),
+    (re.compile(r"(^|[\s;&|(`])(?<!uv\s)pip3?\s+install\b(?![^\n]*--no-index)"), "runs pip install"),
 ]
-_PIP_RE = re.compile(r"(^|[\s;&|(`])(pip3?|python3?\s+-m\s+pip)\s+install\b(?![^\n]*--no-index)")
+# `python -m pip` starts pip without a command the shim can stand in for
+_PIP_RE = re.compile(r"(^|[\s;&|(`])python3?\s+-m\s+pip\s+install\b(?![^\n]*--no-index)")
 
 
 def _verifier_scripts(task_dir: Path) -> list[Path]:
@@ -31,8 +33,9 @@ def _verifier_scripts(task_dir: Path) -> list[Path]:
 def shim_reasons(task_dir: Path) -> list[str]:
     """Why the task's verifier needs the offline shim (empty list: it does not).
 
-    Reads ``tests/test.sh`` and the other shell scripts in ``tests/``. A ``pip install`` without
-    ``--no-index`` is reported too (the shim cannot serve it; it fails offline unless the package is
+    Reads ``tests/test.sh`` and the other shell scripts in ``tests/``. A plain ``pip install`` is the shim's
+    (pytest from the sandbox, ``--ctrf`` from its plugin); a ``python -m pip install`` without ``--no-index`` is
+    reported as needing the network (the shim cannot stand in for it; it fails offline unless the package is
     already installed).
     """
     reasons: list[str] = []
@@ -48,7 +51,7 @@ def shim_reasons(task_dir: Path) -> list[str]:
 
 
 def needs_shim(task_dir: Path) -> bool:
-    """True when the verifier downloads uv / runs uv or apt-get (see :func:`shim_reasons`)."""
+    """True when the verifier downloads uv / runs uv, pip or apt-get (see :func:`shim_reasons`)."""
     return any(r != "pip install needs the network" for r in shim_reasons(task_dir))
 
 

@@ -16,6 +16,7 @@ keeps the verifier's reward.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from reterm.agent.trial_outcome import score_trial
 from reterm.sandbox.base_image import ensure_base
-from reterm.sandbox.build import ensure_layer
+from reterm.sandbox.build import base_suite, ensure_layer
 from reterm.tasks.loader import LoadedTask
 from reterm.tasks.shim import needs_shim
 
@@ -97,6 +98,17 @@ class TaskVerification:
         return "infra" if self.infra_reason else "FAIL"
 
     @property
+    def cause(self) -> str | None:
+        """The kind of infrastructure fault, for the totals: ``refused``, ``build``, or the trials' fault
+        outcomes (``network_error``, ``sandbox_error``, ``verifier_error``...) joined by ``+``; ``None`` without."""
+        if self.load_error:
+            return "refused"
+        if self.build_error:
+            return "build"
+        kinds = sorted({t.outcome or "fault" for t in self.trials.values() if t.error})
+        return "+".join(kinds) or None
+
+    @property
     def wall_s(self) -> float:
         return (self.build_s or 0.0) + sum(t.wall_s for t in self.trials.values())
 
@@ -151,8 +163,10 @@ async def build_task(loaded: LoadedTask) -> tuple[float, str | None]:
     """
     t0 = time.monotonic()
     try:
-        base = await asyncio.to_thread(ensure_base)
-        await ensure_layer(loaded.task_dir / "environment", base, docker_image=loaded.task.config.environment.docker_image)
+        image = loaded.task.config.environment.docker_image
+        suite = base_suite(loaded.task_dir / "environment", image)
+        base = await asyncio.to_thread(ensure_base, suite=suite)
+        await ensure_layer(loaded.task_dir / "environment", base, docker_image=image)
     except Exception as exc:  # DockerfileError, SandboxBuildFailedError, FileNotFoundError
         return time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:1500]}"
     return time.monotonic() - t0, None
@@ -168,17 +182,24 @@ async def verify_tasks(tasks: list[LoadedTask], out_dir: Path, *, n_concurrent: 
         build_first: build each task's layer before its trials (one at a time, timed in ``build_s``); a task
             whose build fails runs no trial and reports ``build_error``.
 
-    Trial folders go to ``out_dir/trials``. Returns one :class:`TaskVerification` per task, in input order.
+    Trial folders go to ``out_dir/trials``. Every finished task is appended to ``out_dir/`` :data:`PROGRESS`;
+    a later call with the same ``out_dir`` (and the same ``agents``) takes those tasks from there instead of
+    running them again, so an interrupted run resumes where it stopped. Returns one :class:`TaskVerification`
+    per task, in input order.
     """
     from tqdm import tqdm
 
     logging.getLogger("harbor").setLevel(logging.WARNING)
     trials_dir = Path(out_dir) / "trials"
     trials_dir.mkdir(parents=True, exist_ok=True)
-    results = [TaskVerification(t.name, str(t.task_dir), needs_shim(t.task_dir), t.has_solution) for t in tasks]
+    progress_path = Path(out_dir) / PROGRESS
+    done = read_progress(progress_path, agents)
+    results = [done.get(t.name) or TaskVerification(t.name, str(t.task_dir), needs_shim(t.task_dir), t.has_solution)
+               for t in tasks]  # fmt: skip
+    todo = [i for i, t in enumerate(tasks) if t.name not in done]
     sem = asyncio.Semaphore(n_concurrent)
     build_lock = asyncio.Lock()  # builds download and compile: one at a time
-    bar = tqdm(total=len(tasks) * len(agents), desc="verify", unit="trial", disable=not progress)
+    bar = tqdm(total=len(todo) * len(agents), desc="verify", unit="trial", disable=not progress)
 
     async def one(i: int, agent: str) -> None:
         if agent == "oracle" and not tasks[i].has_solution:
@@ -196,14 +217,54 @@ async def verify_tasks(tasks: list[LoadedTask], out_dir: Path, *, n_concurrent: 
                 results[i].build_s, results[i].build_error = await build_task(tasks[i])
             if results[i].build_error:
                 bar.update(len(agents))
+                _append_progress(progress_path, results[i])
                 return
         await asyncio.gather(*(one(i, a) for a in agents))
+        _append_progress(progress_path, results[i])
 
     try:
-        await asyncio.gather(*(task(i) for i in range(len(tasks))))
+        await asyncio.gather(*(task(i) for i in todo))
     finally:
         bar.close()
     return results
+
+
+PROGRESS = "verify-progress.jsonl"  # one finished task a line (verification_json's task record)
+
+
+def _task_json(v: TaskVerification) -> dict:
+    return {"name": v.name, "task_dir": v.task_dir, "shim": v.shim, "has_solution": v.has_solution, "ok": v.ok,
+            "status": v.status, "build_s": v.build_s, "build_error": v.build_error, "load_error": v.load_error,
+            "infra_reason": v.infra_reason, "cause": v.cause, "trials": {a: asdict(t) for a, t in v.trials.items()}}
+
+
+def _append_progress(path: Path, v: TaskVerification) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(_task_json(v)) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_progress(path: Path, agents: tuple[str, ...] = AGENTS) -> dict[str, TaskVerification]:
+    """The tasks a previous run into the same folder finished (``PROGRESS``), by name; a task whose record lacks
+    one of ``agents`` (and did not fail its build) is left out, to be run again. A line that is not a task
+    record (a run killed while writing) is skipped."""
+    out: dict[str, TaskVerification] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            trials = {a: TrialOutcome(**t) for a, t in rec["trials"].items()}
+            v = TaskVerification(rec["name"], rec["task_dir"], rec["shim"], rec["has_solution"], trials,
+                                 rec["build_s"], rec["build_error"], rec["load_error"])  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            continue
+        if v.build_error or all(a in trials for a in agents):
+            out[v.name] = v
+    return out
 
 
 def verification_markdown(results: list[TaskVerification], total_wall_s: float | None = None) -> str:
@@ -233,6 +294,12 @@ def verification_markdown(results: list[TaskVerification], total_wall_s: float |
             f"infrastructure faults (reason given); {n - ok - infra - refused} FAIL (scored, not oracle 1.0 / null 0.0).")
     if total_wall_s is not None:
         out += f" Total wall time {total_wall_s:.0f} s."
+    causes: dict[str, int] = {}
+    for v in results:
+        if v.status != "ok" and v.cause:
+            causes[v.cause] = causes.get(v.cause, 0) + 1
+    if causes:
+        out += " Faults by cause: " + ", ".join(f"{k} {n}" for k, n in sorted(causes.items())) + "."
     return out + "\n"
 
 
@@ -240,8 +307,5 @@ def verification_json(results: list[TaskVerification], total_wall_s: float | Non
     """JSON-ready form of the results."""
     return {
         "total_wall_s": total_wall_s,
-        "tasks": [{"name": v.name, "task_dir": v.task_dir, "shim": v.shim, "has_solution": v.has_solution, "ok": v.ok,
-                   "status": v.status, "build_s": v.build_s, "build_error": v.build_error, "load_error": v.load_error,
-                   "infra_reason": v.infra_reason, "trials": {a: asdict(t) for a, t in v.trials.items()}}
-                  for v in results],
+        "tasks": [_task_json(v) for v in results],
     }

@@ -5,17 +5,36 @@ uvx) so its command-line option works offline. Report layout: the Common Test Re
 (https://ctrf.io): ``results.tool``, ``results.summary`` (counts, start/stop in ms), ``results.tests``.
 It does not influence pytest's exit status.
 """
+import importlib.metadata
 import json
 import os
 import time
 
 
+def _real_plugin_installed():
+    """True when the real pytest-json-ctrf is installed (pip with a network): its pytest11 entry point
+    (module ``ctrf.main``) gives --ctrf itself, and this plugin must then stand aside (two --ctrf options
+    make pytest's argument parser fail)."""
+    try:
+        importlib.metadata.distribution("pytest-json-ctrf")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+_REAL = _real_plugin_installed()
+
+
 def pytest_addoption(parser):
+    if _REAL:
+        return
     parser.addoption("--ctrf", action="store", default=None, metavar="FILE",
                      help="write a CTRF JSON report to FILE (reterm offline shim)")
 
 
 def pytest_configure(config):
+    if _REAL:
+        return
     path = config.getoption("--ctrf")
     if path:
         config.pluginmanager.register(_Report(path), "reterm-ctrf-report")

@@ -1,0 +1,153 @@
+"""Which trial phases failed for want of the network, from what a trial folder holds; and the exception
+the local sandbox raises so that Harbor records such a fault instead of a reward of 0.
+
+One rule, read by two callers:
+
+* :class:`reterm.sandbox.local.LocalEnvironment` right after the verifier's ``test.sh`` ran: when the reward
+  it wrote is below 1 and :func:`phase_network_fault` names hosts or packages, it raises
+  :class:`NetworkUnreachableError`. Harbor's ``Trial.run`` records the exception in ``result.json``
+  (``exception_info``, type ``NetworkUnreachableError``, the message naming the hosts) and never parses the
+  reward, so ``harbor run`` / ``harbor view`` show a fault, not a silent 0 (Harbor 0.26: ``Trial.run`` ->
+  ``_record_exception``; an exception raised inside ``Verifier.verify`` leaves ``verifier_result`` unset).
+* :func:`reterm.agent.trial_outcome.network_fault` when a result is read back (other environments, older
+  job folders).
+
+Evidence per phase (``verifier``, and ``solution`` for Harbor's ``oracle`` agent), only where the phase's
+network policy was ``public`` (the task asked for the internet and the trial could not give it; a
+``no-network`` phase that looks a host up is the task's or the agent's business): host names the offline
+sandbox recorded as looked up (``<trial>/`` :data:`reterm.sandbox.network.NETWORK_LOG`), hosts named by error
+messages in the phase's output (:func:`reterm.sandbox.network.unreachable_hosts`), and for the verifier the
+packages the offline shim could not install (``verifier/`` :data:`reterm.sandbox.shim.MISSING_LOG`). Hosts do
+not count for the verifier when its CTRF report shows that tests ran and none failed for want of a host
+(a look-up on the way, such as ``apt-get update``, did not decide the reward); missing packages always count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reterm.sandbox.network import NETWORK_LOG, mentions_unreachable, unreachable_hosts
+from reterm.sandbox.shim import MISSING_LOG
+
+
+class NetworkUnreachableError(RuntimeError):
+    """A verifier or reference solution failed for want of a host (or of a package the offline shim could
+    not install) that its ``public`` phase asked for: an infrastructure fault, not the agent's failure.
+
+    The message is :func:`phase_network_fault`'s (``"verifier could not reach: pypi.org"``). Harbor records
+    it in ``result.json`` as ``exception_info`` with no reward; :mod:`reterm.agent.trial_outcome` reads it as
+    ``network_error``."""
+
+
+def read_text(path: Path, limit: int = 4 << 20) -> str:
+    """The first ``limit`` characters of a file, ``""`` when it cannot be read."""
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return ""
+
+
+def ctrf_clears_network(path: Path) -> bool:
+    """True when the verifier's CTRF report (``--ctrf``, as Terminal-Bench 2.0 verifiers write it; the offline
+    shim's plugin too) shows that tests ran and that no failing test's message tells of an unreachable host."""
+    try:
+        tests = json.loads(read_text(path))["results"]["tests"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    if not isinstance(tests, list) or not tests:
+        return False
+    failed = [t for t in tests if isinstance(t, dict) and t.get("status") == "failed"]
+    return not any(mentions_unreachable(json.dumps(t)) for t in failed)
+
+
+def _host_of(name: str) -> str:
+    """The host a looked-up name is about: a service record's labels (``_http._tcp.deb.debian.org``, apt's SRV
+    look-up) dropped."""
+    labels = name.split(".")
+    while len(labels) > 1 and labels[0].startswith("_"):
+        labels = labels[1:]
+    return ".".join(labels)
+
+
+def _network_log(trial_dir: Path) -> tuple[list[tuple[float, str, str]], list[tuple[float, str]]]:
+    lookups: list[tuple[float, str, str]] = []
+    policies: list[tuple[float, str]] = []
+    for line in read_text(trial_dir / NETWORK_LOG).splitlines():
+        try:
+            rec = json.loads(line)
+            t = float(rec["t"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if "host" in rec:
+            lookups.append((t, _host_of(str(rec["host"])), str(rec.get("policy", "public"))))
+        elif "policy" in rec:
+            policies.append((t, str(rec["policy"])))
+    return lookups, sorted(policies)
+
+
+def phase_network_fault(
+    trial_dir: str | Path, phases: list[tuple[str, tuple[float, float] | None, Path]]
+) -> str | None:
+    """Why phases of a trial lacked the network they asked for, naming hosts and packages, or ``None``.
+
+    Args:
+        trial_dir: the Harbor trial folder (holds :data:`NETWORK_LOG` and ``verifier/``).
+        phases: ``(name, (start, end) unix seconds or None, output file)``; ``name`` is ``"solution"`` or
+            ``"verifier"`` (only the verifier reads the CTRF report and the shim's missing packages).
+
+    Returns e.g. ``"verifier could not reach: astral.sh, pypi.org"``; phases joined by ``"; "``. A trial folder
+    without the log (another environment) counts every phase as ``public``.
+    """
+    trial_dir = Path(trial_dir)
+    lookups, policies = _network_log(trial_dir)
+
+    def policy_at(t: float) -> str:
+        current = "public"
+        for when, policy in policies:
+            if when <= t:
+                current = policy
+        return current
+
+    cleared = ctrf_clears_network(trial_dir / "verifier" / "ctrf.json")
+    reasons = []
+    for phase, window, output in phases:
+        if window is None or policy_at(window[0]) != "public":
+            continue
+        hosts: dict[str, None] = {}
+        for t, host, policy in lookups:
+            if window[0] <= t <= window[1] and policy == "public":
+                hosts.setdefault(host, None)
+        for host in unreachable_hosts(read_text(output)):
+            hosts.setdefault(host, None)
+        missing: list[str] = []
+        if phase == "verifier":
+            if cleared:  # the tests ran, and none failed for want of a host
+                hosts = {}
+            missing = sorted(set(read_text(trial_dir / "verifier" / MISSING_LOG).split()))
+        if hosts:
+            reasons.append(f"{phase} could not reach: {', '.join(hosts)}")
+        if missing:
+            reasons.append(f"{phase} needs what the offline shim could not install: {', '.join(missing)}")
+    return "; ".join(reasons) or None
+
+
+def written_reward(verifier_dir: Path) -> float | None:
+    """The verifier's reward as written to ``reward.txt`` (a number) or ``reward.json`` (its ``reward`` key, or
+    its only value); ``None`` when absent or unreadable (Harbor then raises its own reward-file error)."""
+    text = read_text(verifier_dir / "reward.txt").strip()
+    if text:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    try:
+        data = json.loads(read_text(verifier_dir / "reward.json"))
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        value = data.get("reward", next(iter(data.values())) if len(data) == 1 else None)
+    else:
+        value = data
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
