@@ -67,8 +67,8 @@ def test_check_runs_the_command_lines_run_all_composes(tmp_path, config):
     if config == "fsdp2":  # FSDP checkpoints activations itself: every trainer turns its own off
         for stage in TRAINERS:
             cmd = dry[stage]
-            assert "--activation_checkpointing" in cmd, stage
-            assert cmd[cmd.index("--activation_checkpointing") + 1] == "false", stage
+            assert "--gradient_checkpointing" in cmd, stage
+            assert cmd[cmd.index("--gradient_checkpointing") + 1] == "false", stage
 
 
 def test_fsdp2_with_the_trainers_activation_checkpointing_is_refused(tmp_path):
@@ -76,7 +76,7 @@ def test_fsdp2_with_the_trainers_activation_checkpointing_is_refused(tmp_path):
     dry = _dry_run(tmp_path / "r", ACCELERATE_CONFIG="fsdp2")
     launcher, script = check_recipe.split_launcher(dry["sft"])
     assert "FSDP v2" in check_recipe.check_launch(launcher, script)
-    broken = script[: script.index("--activation_checkpointing")]  # run_all before the fix
+    broken = script[: script.index("--gradient_checkpointing")]  # run_all before the fix
     with pytest.raises(ValueError, match="activation checkpointing"):
         check_recipe.check_launch(launcher, broken)
     # ZeRO-3 keeps the trainer's activation checkpointing (no FSDP rule applies)
