@@ -24,5 +24,7 @@ advises the new name, which 5.20's parser refuses; importing this package silenc
 import warnings
 
 warnings.filterwarnings(
-    "ignore", message=r"`gradient_checkpointing(_kwargs)?` is deprecated and will be removed in v6", category=FutureWarning
+    "ignore",
+    message=r"`gradient_checkpointing(_kwargs)?` is deprecated and will be removed in v6",
+    category=FutureWarning,
 )
