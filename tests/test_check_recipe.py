@@ -3,7 +3,8 @@
 Fast tests: the check's plan is made from run_all's own `--dry-run` output and differs from it only by the
 documented swap (launcher -> one CPU python process, `--check` appended: tiny Qwen3.5); every accelerate
 config's composed launch command passes accelerate's parser and the Trainer's construction rules; run_all
-refuses the 9B data stage without a teacher before starting anything.
+refuses the 9B data stage without a teacher before starting anything; the recipes use the checkpointing key
+both transformers versions (GPU set 5.20, CPU kit 5.24) read.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def test_check_runs_the_command_lines_run_all_composes(tmp_path, config):
     if config == "fsdp2":  # FSDP checkpoints activations itself: every trainer turns its own off
         for stage in TRAINERS:
             cmd = dry[stage]
-            assert "--activation_checkpointing" in cmd, stage
-            assert cmd[cmd.index("--activation_checkpointing") + 1] == "false", stage
+            assert "--gradient_checkpointing" in cmd, stage
+            assert cmd[cmd.index("--gradient_checkpointing") + 1] == "false", stage
 
 
 def test_fsdp2_with_the_trainers_activation_checkpointing_is_refused(tmp_path):
@@ -76,7 +77,7 @@ def test_fsdp2_with_the_trainers_activation_checkpointing_is_refused(tmp_path):
     dry = _dry_run(tmp_path / "r", ACCELERATE_CONFIG="fsdp2")
     launcher, script = check_recipe.split_launcher(dry["sft"])
     assert "FSDP v2" in check_recipe.check_launch(launcher, script)
-    broken = script[: script.index("--activation_checkpointing")]  # run_all before the fix
+    broken = script[: script.index("--gradient_checkpointing")]  # run_all before the fix
     with pytest.raises(ValueError, match="activation checkpointing"):
         check_recipe.check_launch(launcher, broken)
     # ZeRO-3 keeps the trainer's activation checkpointing (no FSDP rule applies)
@@ -84,6 +85,20 @@ def test_fsdp2_with_the_trainers_activation_checkpointing_is_refused(tmp_path):
     out = check_recipe.check_launch(launcher, script)
     detail = out[1] if isinstance(out, tuple) else out
     assert "ZeRO stage 3" in detail
+
+
+def test_recipes_name_checkpointing_as_both_transformers_versions_read():
+    # the GPU set's transformers 5.20 (requirements-gpu.txt) has no `activation_checkpointing`, 5.24's name: its
+    # parser refuses the key; `gradient_checkpointing` is read by both (5.24: an alias)
+    import yaml
+
+    recipes = sorted((REPO / "train" / "recipes").glob("*/*.yaml"))
+    assert len(recipes) >= 5
+    for path in recipes:
+        keys = set(yaml.safe_load(path.read_text()) or {})
+        assert not keys & {"activation_checkpointing", "activation_checkpointing_kwargs"}, path
+    nine_b = yaml.safe_load((REPO / "train/recipes/qwen3.5-9b/sft.yaml").read_text())
+    assert nine_b["gradient_checkpointing"] is True
 
 
 def test_parse_dry_run_reads_quoted_arguments():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reterm.agent.protocol import TOOLS, initial_messages
-from reterm.policies.kv_cache import PrefixKVCache
+from reterm.policies.kv_cache import PrefixKVCache, cache_kwarg
 from reterm.policies.transformers_policy import TransformersPolicy
 from reterm.tiny_qwen import build_tiny_qwen3_5
 
@@ -103,6 +103,25 @@ def _token_turns(model, tok, kv: PrefixKVCache, rows: int, turns: int) -> tuple[
             kept = seq if end is None else seq[: end + 1]
             prompts[i] = prompts[i] + kept + tok.encode(f"<|im_end|>\n<|im_start|>user\nerror {turn} {i}<|im_end|>\n")
     return out, reused
+
+
+def test_cache_keyword_is_the_one_the_installed_transformers_reads(tiny):
+    # transformers 5.24 takes `cache`, 5.20 (the GPU set) `past_key_values` and passes an unknown keyword on unread:
+    # the cache the kit hands over must come back filled, and a continuation from it must give the full-prompt logits
+    from transformers import DynamicCache
+
+    tok, model = tiny
+    ids = torch.tensor([tok.encode("List the files in /app, then stop.")])
+    n = ids.shape[1]
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0, -1]
+        model(input_ids=ids[:, :-1], use_cache=True, **{cache_kwarg(model): cache})
+        assert cache.get_seq_length() == n - 1
+        last = model(input_ids=ids[:, -1:], position_ids=torch.tensor([[n - 1]]), use_cache=True,
+                     **{cache_kwarg(model): cache}).logits[0, -1]  # fmt: skip
+    assert cache.get_seq_length() == n
+    torch.testing.assert_close(last, full, rtol=1e-4, atol=1e-4)
 
 
 def test_tiny_qwen_linear_attention_reuse_is_exact(tiny):

@@ -68,7 +68,7 @@ def test_the_card_recipe_masks_every_mistake_turn(model, records, tmp_path):
     sft = to_sft_dataset(records, {"enable_thinking": False})
     args = SFTConfig(output_dir=str(tmp_path / "out"), assistant_only_loss=True, completion_only_loss=True,
                      max_length=None, bf16=False, use_cpu=True, report_to=[], dataset_num_proc=None,
-                     activation_checkpointing=False)  # fmt: skip
+                     gradient_checkpointing=False)  # fmt: skip
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(folder), args=args, train_dataset=sft,
                          processing_class=tokenizer)  # fmt: skip
     template = training_chat_template(tokenizer)

@@ -115,7 +115,7 @@ def _trainer(model_dir: str, train_ds, tmp_path, **config):
 
     args = SFTConfig(
         output_dir=str(tmp_path / "out"), assistant_only_loss=True, max_length=None, bf16=False, use_cpu=True,
-        report_to=[], dataset_num_proc=None, activation_checkpointing=False, **config,
+        report_to=[], dataset_num_proc=None, gradient_checkpointing=False, **config,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -55,14 +55,14 @@ def test_recipes_parse_with_the_script_parser(sft):
     script, train, model, _ = sft.parse_args(["--config", str(RECIPE_CPU)])
     # bf16: autocast where the CPU has bf16 instructions (train/sft.py turns it off elsewhere: reterm.precision)
     assert model.model_name_or_path == "smollm2" and model.use_peft and train.use_cpu and train.bf16
-    assert not train.activation_checkpointing  # memory allows it on the CPU recipe
+    assert not train.gradient_checkpointing  # memory allows it on the CPU recipe
     assert train.assistant_only_loss and train.completion_only_loss and script.merge_adapter
     assert script.dataset_name == "runs/smollm2-135m/data" and script.dataset_test_split == "test"  # run_all.sh writes it
 
     script, train, model, _ = sft.parse_args(["--config", str(RECIPE_9B), "--use_cpu", "True", "--bf16", "False"])
     assert model.model_name_or_path == "Qwen/Qwen3.5-9B" and not model.use_peft and model.dtype == "bfloat16"
     assert train.assistant_only_loss and train.completion_only_loss and not train.packing
-    assert script.enable_thinking is False and train.activation_checkpointing
+    assert script.enable_thinking is False and train.gradient_checkpointing
     # every value is attributed to the paper or to us
     text = RECIPE_9B.read_text()
     assert "[paper]" in text and "[ours]" in text and "does NOT publish its SFT hyperparameters" in text
@@ -172,7 +172,7 @@ def test_scorer_matches_trl_eval_loss(tiny_qwen, tmp_path):
     scores = score_rows(model, tok, list(rows))
     for i, row_score in enumerate(scores):
         args = SFTConfig(output_dir=str(tmp_path / "o"), assistant_only_loss=True, max_length=None, bf16=False,
-                         use_cpu=True, report_to=[], per_device_eval_batch_size=1, activation_checkpointing=False)
+                         use_cpu=True, report_to=[], per_device_eval_batch_size=1, gradient_checkpointing=False)
         trainer = SFTTrainer(model=model, args=args, train_dataset=rows.select([i]), eval_dataset=rows.select([i]),
                              processing_class=tok)
         assert trainer.evaluate()["eval_loss"] == pytest.approx(row_score["nll"], rel=1e-4)

@@ -331,7 +331,8 @@ def check_launch(launcher: list[str], script_argv: list[str]) -> str | tuple[str
 
     Raises:
         ValueError: FSDP's activation checkpointing (``fsdp_activation_checkpointing`` of the accelerate
-            config) together with the trainer's ``activation_checkpointing``: transformers' Trainer raises
+            config) together with the trainer's ``gradient_checkpointing`` (the name transformers 5.20 and 5.24
+            both read; 5.24's ``activation_checkpointing`` mirrors it): transformers' Trainer raises
             then (``trainer.py``, ``create_accelerator_and_postprocess``: "can't both be set to True"); on
             8 GPUs that is a crash at start-up, here it is found from the same two settings.
     """
@@ -354,14 +355,14 @@ def check_launch(launcher: list[str], script_argv: list[str]) -> str | tuple[str
         env = prepare_multi_gpu_env(args)
         fsdp_ac = env.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true"
         detail += f", FSDP v{env.get('FSDP_VERSION', '1')} {env.get('FSDP_AUTO_WRAP_POLICY', '')}"
-        if fsdp_ac and train_args.activation_checkpointing:
+        if fsdp_ac and train_args.gradient_checkpointing:
             raise ValueError(
                 "the accelerate config turns on FSDP's activation checkpointing and the command leaves the "
-                "trainer's `activation_checkpointing` on: transformers' Trainer refuses both at construction "
-                "(pass --activation_checkpointing false, as run_all.sh does for such a config)"
+                "trainer's `gradient_checkpointing` on: transformers' Trainer refuses both at construction "
+                "(pass --gradient_checkpointing false, as run_all.sh does for such a config)"
             )
         detail += ", activation checkpointing by " + ("FSDP" if fsdp_ac else "the trainer" if
-                                                      train_args.activation_checkpointing else "nobody")  # fmt: skip
+                                                      train_args.gradient_checkpointing else "nobody")  # fmt: skip
     if args.use_deepspeed:
         stage = (defaults.deepspeed_config or {}).get("zero_stage")
         detail += f", ZeRO stage {stage}"
@@ -411,7 +412,7 @@ def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8, model: dict[s
     with fla, is above the 20.3 GB of "peak - weights - gradients" measured on one GPU): a bound, not a forecast.
     Every term is per sequence times ``per_device_train_batch_size``, at ``max_state_prompt_tokens +
     max_completion_length`` tokens (capped by ``vllm_max_model_length``). ``checkpointing`` (default: the
-    trainer's ``activation_checkpointing``) is true too when FSDP checkpoints the activations instead.
+    trainer's ``gradient_checkpointing``) is true too when FSDP checkpoints the activations instead.
 
     Raises:
         ValueError: ``kernels`` is neither ``"fla"`` nor ``"torch"``.
@@ -424,7 +425,7 @@ def grpo_gpu_memory_gb(args: Any, use_vllm: bool, n_gpus: int = 8, model: dict[s
     if getattr(args, "vllm_max_model_length", None):
         seq = min(seq, args.vllm_max_model_length)
     if checkpointing is None:
-        checkpointing = bool(args.activation_checkpointing)
+        checkpointing = bool(args.gradient_checkpointing)
     scale = b * seq / MEASURED_SEQ
     activations = (MEASURED_9B_GB["checkpointed activations"] * scale if checkpointing
                    else b * seq * m["layers"] * 34 * m["hidden"] / 1e9)  # fmt: skip
@@ -459,7 +460,7 @@ def check_grpo_memory(script_argv: list[str], launcher: list[str] | None = None)
     recipe = yaml.safe_load((REPO / script_argv[script_argv.index("--config") + 1]).read_text()) or {}
     flags = [script_argv[i + 1] for i, x in enumerate(script_argv[:-1]) if x == "--use_vllm"]
     use_vllm = str(flags[-1]).lower() == "true" if flags else bool(recipe.get("use_vllm", False))
-    ckpt = bool(args.activation_checkpointing) or fsdp_ac
+    ckpt = bool(args.gradient_checkpointing) or fsdp_ac
     est = grpo_gpu_memory_gb(args, use_vllm, checkpointing=ckpt)
     fallback = grpo_gpu_memory_gb(args, use_vllm, checkpointing=ckpt, kernels="torch")["total"]
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total")

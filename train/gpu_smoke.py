@@ -11,7 +11,7 @@ of one SFT micro-batch and of one GRPO micro-batch at the recipe's longest seque
 - GRPO (``grpo.yaml``): ``per_device_train_batch_size`` x (``max_state_prompt_tokens`` + ``max_completion_length``,
   capped by ``vllm_max_model_length``) tokens, the completion scored, TRL's fused head with its ``temperature``, and
   the clipped-ratio loss of ``loss_type`` (``dapo``: token-level normalisation) with ``epsilon``/``epsilon_high``;
-- both with ``activation_checkpointing`` and the recipe's dtype and ``attn_implementation``.
+- both with ``gradient_checkpointing`` (activation checkpointing) and the recipe's dtype and ``attn_implementation``.
 
 It prints, per micro-batch, the kernels in use (which implementation transformers' Qwen3.5 kernel functions
 dispatch to: flash-linear-attention and causal-conv1d, or the PyTorch fallback), peak memory per term (weights,
@@ -256,12 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     # what TRL's trainers do at construction: the LM head in tiles (SFT's outputs; GRPO asks for a subset)
     add_fused_lm_head(model, temperature=float(grpo.get("temperature") or 1.0),
                       outputs=("log_probs", "entropy", "is_top1"))  # fmt: skip
-    if sft.get("activation_checkpointing", False) or grpo.get("activation_checkpointing", False):
-        # as transformers' Trainer does with the recipe's activation_checkpointing(_kwargs)
-        kw = dict(sft.get("activation_checkpointing_kwargs") or {})
+    if sft.get("gradient_checkpointing", False) or grpo.get("gradient_checkpointing", False):
+        # as transformers' Trainer does with the recipe's gradient_checkpointing(_kwargs): 5.24 names the method
+        # activation_checkpointing_enable (gradient_checkpointing_enable is its deprecated alias), 5.20 has only
+        # gradient_checkpointing_enable; both take the kwargs dict first, then every_n_layers and offload
+        kw = dict(sft.get("gradient_checkpointing_kwargs") or {})
         every, offload = kw.pop("every_n_layers", 1), kw.pop("offload", False)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw or None, every_n_layers=every,
-                                              offload=offload)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable(kw or None, every_n_layers=every, offload=offload)
     model.config.use_cache = False
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
           + (" (tiny model on the CPU: code path only, no GPU figures)" if tiny else ""), flush=True)  # fmt: skip
     print("   kernels in use: " + "; ".join(f"{f} -> {impl}" for f, impl in used.items())
           + f"; attention {attn}; LM head: TRL add_fused_lm_head (tiles, no logits)")  # fmt: skip
-    ckpt = bool(sft.get("activation_checkpointing", False))
+    ckpt = bool(sft.get("gradient_checkpointing", False))
     g_seq, g_prompt = grpo_sequence(grpo)
     plans = {
         "sft": (int(sft["per_device_train_batch_size"]), a.seq or (256 if tiny else int(sft["max_length"])), 0),

@@ -101,7 +101,7 @@ def grpo_check_overrides(training_args: ReTermGRPOConfig, model_args: ModelConfi
     out = check_overrides(training_args, model_args)
     out.update({
         "num_generations": 2, "max_turns": 2, "max_turn_tokens": 16, "max_completion_length": 96,
-        "use_vllm": False, "environment": "local", "fork_method": "auto", "activation_checkpointing": False,
+        "use_vllm": False, "environment": "local", "fork_method": "auto", "gradient_checkpointing": False,
         "dynamic_sampling": "none", "max_state_prompt_tokens": 4096, "save_strategy": "no",
     })  # fmt: skip
     return out

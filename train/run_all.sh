@@ -171,9 +171,10 @@ case "$RECIPE" in
     LAUNCH=(.venv/bin/accelerate launch --config_file "$ACCEL_CONFIG")
     # FSDP does its own activation checkpointing (fsdp_activation_checkpointing); transformers' Trainer refuses
     # to build when the training argument is on as well (trainer.py: "can't both be set to True"), so the
-    # recipes' activation_checkpointing is turned off for such a config, on the command line of every trainer
+    # recipes' gradient_checkpointing (the name transformers 5.20 and 5.24 both read; 5.24 calls it
+    # activation_checkpointing) is turned off for such a config, on the command line of every trainer
     if grep -Eq '^[[:space:]]*fsdp_activation_checkpointing:[[:space:]]*true' "$ACCEL_CONFIG"; then
-      TRAIN_FLAGS=(--activation_checkpointing false)
+      TRAIN_FLAGS=(--gradient_checkpointing false)
     fi
     BASE_MODEL=Qwen/Qwen3.5-9B
     DATA_NAME=ReTerm-10K; MODEL_NAME=ReTerm-9B

@@ -204,7 +204,7 @@ def build_summary(script_args, training_args, model_args, trainer, n_train: int,
         "max_length": training_args.max_length,
         "packing": training_args.packing,
         "bf16": training_args.bf16,
-        "activation_checkpointing": training_args.activation_checkpointing,
+        "activation_checkpointing": training_args.gradient_checkpointing,  # the field 5.20 and 5.24 both have
         "dtype": model_args.dtype,
         "seed": training_args.seed,
     }

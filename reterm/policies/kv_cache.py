@@ -13,7 +13,8 @@ How a batch reuses its caches (attention-only models, every cache layer a ``Dyna
 - The batch is left-padded to ``W = max T_i`` as without reuse. With ``S = max(T_i - r_i)`` new columns, the
   first ``C = W - S`` columns come from the caches: row ``i``'s first ``T_i - S`` tokens (``<= r_i``) are
   copied in, right-aligned, padding columns are zero and masked. ``model.generate`` then reads only the last
-  ``S`` columns (``cache=...``: transformers' continuation from a filled cache). Rows whose cached prefix is
+  ``S`` columns (``cache=...``, ``past_key_values=...`` on transformers 5.20: :func:`cache_kwarg`;
+  transformers' continuation from a filled cache). Rows whose cached prefix is
   longer than needed recompute a few tokens; a row with no entry recomputes everything.
 - Rows that share a prompt prefix no entry holds (the G attempts of a group at their first turn, a
   fan-out from one history) get it read once, in a one-row forward, and copied into each row.
@@ -116,6 +117,17 @@ def _reserved_layer_class():
 
 
 _RESERVED = None
+
+
+def cache_kwarg(model: Any) -> str:
+    """The keyword ``model``'s ``forward`` (and so ``generate``) takes its KV cache under: ``"cache"`` in
+    transformers 5.24 (where ``past_key_values`` is a deprecated alias), ``"past_key_values"`` in 5.20 (the GPU set,
+    requirements-gpu.txt), which has no ``cache`` parameter and would pass such a keyword on unread: every turn
+    would then re-read its whole prompt. A PEFT wrapper is looked through to its base model."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _reserved_cache(model: Any, capacity: int) -> Any:
@@ -423,7 +435,7 @@ class PrefixKVCache:
         kwargs.update(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
                       return_dict_in_generate=True, output_logits=output_logits, use_cache=True)  # fmt: skip
         if cache is not None:
-            kwargs["cache"] = cache
+            kwargs[cache_kwarg(model)] = cache
         if release_at > 0:
             from transformers import StoppingCriteriaList
 
@@ -466,8 +478,8 @@ class PrefixKVCache:
         ids = torch.tensor([prefix[m:]], dtype=torch.long, device=device)
         with torch.inference_mode():
             model(input_ids=ids, attention_mask=torch.ones((1, n), dtype=torch.long, device=device),
-                  position_ids=torch.arange(m, n, device=device)[None], cache=cache, use_cache=True,
-                  logits_to_keep=1)  # fmt: skip
+                  position_ids=torch.arange(m, n, device=device)[None], use_cache=True, logits_to_keep=1,
+                  **{cache_kwarg(model): cache})  # fmt: skip
         layers, nbytes = [], 0
         for layer in cache.layers:
             k, v = layer.keys[0, :, :n].clone(), layer.values[0, :, :n].clone()

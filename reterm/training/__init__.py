@@ -13,4 +13,18 @@
 - :mod:`reterm.training.grpo_rollout`: rebuild a state, fork G environments, run the attempts in lock-step.
 - :mod:`reterm.training.grpo_policy`: the rollout policy that keeps exact token ids (``env_mask``).
 - :mod:`reterm.training.grpo_outputs`: GRPO learning curves (CSV + PNG) and the recovery table.
+
+Recipes and scripts name activation checkpointing ``gradient_checkpointing`` (``_kwargs``): the one name both the
+GPU set's transformers 5.20 (requirements-gpu.txt, which vLLM 0.33 caps below 5.21) and the CPU kit's 5.24 read.
+5.24 renamed the field ``activation_checkpointing`` and keeps the old name as an alias, with a FutureWarning that
+advises the new name, which 5.20's parser refuses; importing this package silences that one warning (only the
+``TrainingArguments`` field's, not other deprecations).
 """
+
+import warnings
+
+warnings.filterwarnings(
+    "ignore",
+    message=r"`gradient_checkpointing(_kwargs)?` is deprecated and will be removed in v6",
+    category=FutureWarning,
+)
