@@ -125,6 +125,37 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("RETERM_CACHE") or Path.home() / ".cache" / "reterm").expanduser()
 
 
+EXAMPLES = ("model-recoveries", "recoveries", "records")
+"""The bundled examples under ``examples/`` in the order offered (:mod:`make_examples` writes them): a trained
+model's own recorded recovery attempts first, then the scripted oracle's fan-outs, then a few records."""
+
+
+def shown_name(path: Path) -> str:
+    """How a local source is named in the page: relative to the kit's checkout (``space/examples/records``,
+    ``runs/...``), or to the home folder (``~/...``), never a machine's absolute path where either applies."""
+    path = Path(path).expanduser()
+    for base, prefix in ((HERE.parent, ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(path.resolve().relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(path)
+
+
+def resolve_source(spec: str) -> str:
+    """A source spec as :func:`replay_sources.open_source` takes it: ``~`` expanded; a relative path that is not
+    found from the working folder is looked up in the kit's checkout, then next to app.py (the names
+    :func:`shown_name` gives). Anything else (a Hub id, a missing path) is returned as given."""
+    spec = (spec or "").strip()
+    path = Path(spec).expanduser()
+    if not spec or path.is_absolute() or path.exists():
+        return str(path) if path.exists() else spec
+    for base in (HERE.parent, HERE):
+        if (base / path).exists():
+            return str(base / path)
+    return spec
+
+
 def default_config(
     *,
     tasks: list[str] | None = None,
@@ -137,8 +168,9 @@ def default_config(
 
     Default task roots: ``tasks/`` of the kit's checkout (or next to app.py). Default replay sources: the
     ReTerm-GRPO groups and the dataset of the checkout's embedded-default run (``runs/smollm2-135m/``) when it
-    exists, ``examples/`` next to app.py, saved live runs, the checkout's test fixtures, and
-    ``twothsnd/ReTerm-10K``.
+    exists, the bundled ``examples/`` next to app.py (in :data:`EXAMPLES` order: a fresh clone opens on a trained
+    model's recorded recovery), saved live runs, the checkout's test fixtures, and ``twothsnd/ReTerm-10K``; local
+    ones are named as :func:`shown_name` gives (relative to the checkout), never by a machine's absolute path.
     """
     env = os.environ
     if tasks is None and env.get("RETERM_SPACE_TASKS"):
@@ -158,20 +190,23 @@ def default_config(
             if (HERE.parent / rel).exists():
                 sources.append(str(HERE.parent / rel))
         examples = HERE / "examples"
-        if examples.is_dir():  # recoveries (fan-outs) first: the best first impression
-            sources += [str(p) for p in sorted(examples.iterdir(), reverse=True) if p.is_dir()]
+        if examples.is_dir():  # a model recovering first: the best first impression (a fresh clone opens on it)
+            folders = [p for p in sorted(examples.iterdir()) if p.is_dir()]
+            folders.sort(key=lambda p: EXAMPLES.index(p.name) if p.name in EXAMPLES else len(EXAMPLES))
+            sources += [str(p) for p in folders]
         if runs.is_dir() and any(runs.iterdir()):
             sources.append(str(runs))
         for rel in ("tests/fixtures/reterm10k_mini", "tests/fixtures/jobs/demo"):
             if (HERE.parent / rel).is_dir():
                 sources.append(str(HERE.parent / rel))
+        sources = [shown_name(Path(s)) for s in sources]
         sources.append("twothsnd/ReTerm-10K")
     if public is None:
         public = bool(env.get("SPACE_ID")) and not env.get("RETERM_SPACE_ALLOW_PATHS")
     forks = int(max_forks if max_forks is not None else env.get("RETERM_SPACE_MAX_FORKS") or MAX_FORKS)
     allowed = None
     if public:
-        allowed = [HERE, runs] + [Path(s) for s in sources if Path(s).exists()] + roots
+        allowed = [HERE, runs] + [Path(resolve_source(s)) for s in sources if Path(resolve_source(s)).exists()] + roots
     models = [m if m.startswith("hf:") else f"hf:{m}" for m in env.get("RETERM_SPACE_MODELS", "").split(";") if m.strip()]
     ok, message = sandbox_availability()
     return AppConfig(task_roots=roots, sources=sources, runs_dir=runs, allowed_roots=allowed,
@@ -194,7 +229,7 @@ class _Sources:
             if spec in self._open and not reload:
                 self._open.move_to_end(spec)
                 return self._open[spec]
-        src = open_source(spec, allowed_roots=self.config.allowed_roots)
+        src = open_source(resolve_source(spec), allowed_roots=self.config.allowed_roots)
         with self._lock:
             self._open[spec] = src
             while len(self._open) > self.size:
@@ -500,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--public", action="store_true", default=None, help="do not let visitors open local paths")
     args = p.parse_args(argv)
     for spec in args.source or []:  # a mistyped local path fails here, not silently in the page
-        if not Path(spec).expanduser().exists() and (not _HUB_ID.match(spec) or spec.startswith((".", "/", "~"))):
+        if not Path(resolve_source(spec)).exists() and (not _HUB_ID.match(spec) or spec.startswith((".", "/", "~"))):
             print(f"space/app.py: --source {spec}: no such file or folder, and not a Hub dataset id (ORG/NAME)",
                   file=sys.stderr)  # fmt: skip
             return 2

@@ -136,3 +136,58 @@ def test_harbor_litellm_hosted_vllm_with_rollout_details(server, monkeypatch):
     assert len(r.completion_token_ids) == len(r.logprobs) == r.usage.completion_tokens
     assert r.prompt_token_ids and len(r.prompt_token_ids) == r.usage.prompt_tokens
     assert os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+def test_stream_sends_tokens_as_they_are_generated(server):
+    """``stream: true`` sends a delta per decoded token while the reply is generated; the deltas add up to the
+    non-streamed reply of the same greedy request, and the openai client's streaming API reads them."""
+    import httpx
+
+    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
+    client = openai.OpenAI(base_url=server, api_key="EMPTY", max_retries=0)
+    whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=20)
+    assert whole.usage.completion_tokens >= 15 and whole.choices[0].message.content
+
+    request = {"model": "smollm2", "messages": messages, "temperature": 0, "max_tokens": 20, "stream": True,
+               "stream_options": {"include_usage": True}}  # fmt: skip
+    events, arrived = [], []
+    start = time.monotonic()
+    with httpx.stream("POST", f"{server}/chat/completions", json=request, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line.removeprefix("data: "))
+                arrived.append(time.monotonic() - start)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content) > 3, chunks  # not one text chunk: one per token (or few)
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == whole.choices[0].message.content
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == whole.choices[0].finish_reason
+    assert chunks[-1]["usage"]["completion_tokens"] == whole.usage.completion_tokens
+    # the first token was sent while the others were still being generated, not with them at the end
+    first = arrived[next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content"))]
+    assert arrived[-1] - first > 0.25, (first, arrived[-1])
+
+    streamed = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=20,
+                                              stream=True)  # fmt: skip
+    parts = [c.choices[0].delta.content or "" for c in streamed if c.choices]
+    assert "".join(parts) == whole.choices[0].message.content and sum(map(bool, parts)) > 3
+
+
+def test_stream_with_tools_matches_the_whole_reply(server):
+    """With tools offered the streamed content still adds up to the non-streamed ``content`` (and a tool call,
+    when the reply is one, comes as a ``tool_calls`` delta at the end)."""
+    client = openai.OpenAI(base_url=server, api_key="EMPTY", max_retries=0)
+    kw = dict(model="smollm2", messages=CONVERSATIONS[0], tools=TOOLS, temperature=0, max_tokens=20)
+    whole = client.chat.completions.create(**kw).choices[0]
+    content, calls, finish = "", [], None
+    for c in client.chat.completions.create(**kw, stream=True):
+        if c.choices:
+            content += c.choices[0].delta.content or ""
+            calls += c.choices[0].delta.tool_calls or []
+            finish = c.choices[0].finish_reason or finish
+    assert content == (whole.message.content or "") and finish == whole.finish_reason
+    assert [(t.function.name, t.function.arguments) for t in calls] == [
+        (t.function.name, t.function.arguments) for t in whole.message.tool_calls or []]

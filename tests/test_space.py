@@ -44,10 +44,11 @@ def _free_port() -> int:
 class Server:
     """`python space/app.py` in a subprocess; ``url`` once it printed its address."""
 
-    def __init__(self, args: list[str], prefix: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], prefix: list[str] | None = None, env: dict[str, str] | None = None,
+                 app: Path = APP, cwd: Path = REPO) -> None:  # fmt: skip
         self.port = _free_port()
-        cmd = [*(prefix or []), sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd = [*(prefix or []), sys.executable, str(app), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
@@ -438,3 +439,57 @@ def test_browser_closing_the_tab_stops_the_live_run(server):
             assert _sandbox_processes(marker) == [], "the run went on after the tab was closed"
         finally:
             browser.close()
+
+
+def test_browser_fresh_clone_opens_on_a_model_recovering(tmp_path):
+    """A checkout with no run (``space/`` copied alone), started with the plain command: the first screen is the
+    bundled recording of a trained checkpoint's own failure and its forked recovery attempts (not the scripted
+    oracle), under a checkout-relative source name; no absolute path of the machine is on the page."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from reterm.trajectory import Outcome, Trajectory
+
+    examples = REPO / "space" / "examples" / "model-recoveries"
+    cases = sorted(p for p in examples.iterdir() if (p / "main.json").is_file())
+    assert cases, f"{examples}: no recorded model run"
+    attempts = [Trajectory.load(f) for f in sorted((cases[0] / "attempts").glob("*.json"))]
+    main = Trajectory.load(cases[0] / "main.json")
+    model = main.policy
+    assert model not in ("oracle", "user") and "/" not in model and attempts
+    assert {a.policy for a in attempts} == {model}  # the model's own attempts
+    category = attempts[0].metadata["failure_category"]  # the failure the sandbox was forked at
+    assert category and attempts[0].prefix_len > 0
+    recovered = sum(a.outcome is Outcome.SUCCESS for a in attempts)
+    scored = sum(a.outcome in (Outcome.SUCCESS, Outcome.FAILURE) for a in attempts)
+    # what the page must show is what the recording holds (the bundled run has no recovering attempt yet: a
+    # checkpoint of a short run; when one that recovers is recorded, its passing columns are checked here too)
+
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO / "space", clone / "space", ignore=shutil.ignore_patterns("__pycache__"))
+    srv = Server(["--runs-dir", str(tmp_path / "no-runs")], app=clone / "space" / "app.py", cwd=clone,
+                 env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    shots = REPO / "test-output" / "space"
+    shots.mkdir(parents=True, exist_ok=True)
+    try:
+        with sync_playwright() as p:
+            browser = _browser(p)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1100})
+                page.goto(srv.url)
+                view = page.locator("#replay-view")
+                expect(view.locator(".rt-step").first).to_be_visible(timeout=60_000)
+                assert page.get_by_label("Source").input_value() == "space/examples/model-recoveries"
+                expect(view.locator(".rt-title").first).to_contain_text(main.task_id)
+                expect(view).to_contain_text(f"recovery policy {model}")
+                expect(view.locator(".rt-failure").first).to_be_visible()
+                expect(view.locator(".rt-fan-head")).to_contain_text(f"{recovered} of {scored} scored attempts recovered")
+                expect(view.locator(".rt-col.rt-col-pass")).to_have_count(recovered)
+                expect(view.locator(".rt-col.rt-col-fail")).to_have_count(scored - recovered)
+                page.wait_for_timeout(500)
+                page.screenshot(path=str(shots / "first-screen.png"), full_page=True)
+                html = page.content()
+                assert str(clone) not in html and str(REPO) not in html and str(Path.home() / ".cache") not in html
+            finally:
+                browser.close()
+    finally:
+        srv.stop()

@@ -33,9 +33,15 @@ API (the subset agents use, vLLM-compatible where OpenAI's is silent):
   calls is returned), ``content`` = the text outside the call (``None`` when empty) and
   ``finish_reason: "tool_calls"``. Any other reply (prose, a malformed call, a tool the request did
   not offer) is returned as text content with the model's own ``finish_reason``.
-- Streaming: the reply is generated whole, then sent as server-sent events in the OpenAI chunk shape
-  (a role chunk, one content and/or tool-call delta per choice, a finish chunk, an optional usage
-  chunk, ``data: [DONE]``); no token-by-token latency gain.
+- Streaming (``stream: true``): server-sent events in the OpenAI chunk shape, sent while the reply is
+  generated. Per choice a role chunk, then a content delta as each token is decoded (text that could still
+  change is held back: an incomplete UTF-8 character; with tools offered, whitespace at the end and
+  everything from a ``<``, where a tool call may begin), then at the end the rest of the reply's ``content``,
+  a ``tool_calls`` delta when the reply is a tool call (as in the non-streamed response), and a finish chunk
+  (with the choice's ``logprobs`` when asked); an optional usage chunk; ``data: [DONE]``. The concatenated
+  content deltas equal the non-streamed ``message.content`` of the same greedy request. A streamed request is
+  generated in a batch of its own (its ``n`` choices together). A policy without a ``streamer`` attribute (a
+  scripted one) is generated whole, then sent in the same shape.
 - Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. A prompt longer than
   the context gets vLLM's 400 "maximum context length" error.
 - Requests that arrive within ``--batch-wait-ms`` of each other and share sampling parameters and tools
@@ -127,6 +133,61 @@ class _Job:
     tools: list[dict[str, Any]] | None
     conversations: list[list[dict[str, Any]]]
     future: asyncio.Future = field(repr=False)
+    stream: "asyncio.Queue | None" = field(default=None, repr=False)  # (row, token id) events, None at the end
+
+
+class _QueueStreamer:
+    """A transformers streamer that hands each generated token to an event loop's queue as ``(row, token id)``.
+
+    ``generate`` calls :meth:`put` with the prompt ids ``(B, W)`` first, then with each step's tokens ``(B,)``,
+    then :meth:`end`. Rows are numbered across successive ``generate`` calls of one request (a policy that
+    splits a batch into chunks), so row ``k`` is the request's choice ``k``. Called from the generation
+    thread; the queue is filled through ``loop.call_soon_threadsafe``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+        self.loop, self.queue = loop, queue
+        self.offset, self.rows = 0, 0
+
+    def put(self, value: Any) -> None:
+        """Take one ``generate`` call's prompt (2-D: a new call starts) or one step's tokens (1-D)."""
+        if value.dim() == 2:
+            self.offset, self.rows = self.offset + self.rows, int(value.shape[0])
+            return
+        for row, tid in enumerate(value.tolist()):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.offset + row, int(tid)))
+
+    def end(self) -> None:
+        """The end of one ``generate`` call (the request's end is signalled by the server)."""
+
+
+class _RowText:
+    """One streamed choice: its token ids up to the first stop token, and how much of its text was sent."""
+
+    def __init__(self, tokenizer: Any, stops: set[int], tools: bool) -> None:
+        self.tokenizer, self.stops, self.tools = tokenizer, stops, tools
+        self.ids: list[int] = []
+        self.ended = False
+        self.sent = ""
+
+    def add(self, tid: int) -> str:
+        """Take one token; return the new text that can be sent now (``""`` when none)."""
+        if self.ended:
+            return ""
+        if tid in self.stops:
+            self.ended = True
+            return ""
+        self.ids.append(tid)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 character
+            return ""
+        if self.tools:  # the content of a tool-call reply is the text outside the call, stripped
+            cut = text.find("<")
+            text = (text if cut < 0 else text[:cut]).strip()
+        if not text.startswith(self.sent) or len(text) == len(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
 
 
 class Server:
@@ -147,6 +208,7 @@ class Server:
         self.stats = {"requests": 0, "conversations": 0, "batches": 0}
         self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ----------------------------------------------------------------------------- batching
     async def _work(self) -> None:
@@ -172,11 +234,15 @@ class Server:
                     for job in group:
                         if not job.future.done():
                             job.future.set_exception(exc)
+                        if job.stream is not None:
+                            job.stream.put_nowait(None)
                     continue
                 for job in group:
                     out, results = results[: len(job.conversations)], results[len(job.conversations) :]
                     if not job.future.done():
                         job.future.set_result(out)
+                    if job.stream is not None:  # after the tokens the generation thread queued
+                        job.stream.put_nowait(None)
 
     def _generate(self, group: list[_Job]) -> list[Generation]:
         first = group[0]
@@ -188,12 +254,27 @@ class Server:
         self.stats["requests"] += len(group)
         self.stats["conversations"] += len(batch)
         self.stats["batches"] += 1
-        return self.policy.generate(batch, first.tools or [])
+        if first.stream is None:
+            return self.policy.generate(batch, first.tools or [])
+        # a streamed request: its tokens go to its queue as they are generated. Early release (the KV cache
+        # continuing unfinished rows in a new, smaller call) would renumber the rows, so it is off meanwhile.
+        kv = getattr(self.policy, "kv_cache", None)
+        release = getattr(kv, "early_release", None)
+        self.policy.streamer = _QueueStreamer(self._loop, first.stream)
+        if release is not None:
+            kv.early_release = False
+        try:
+            return self.policy.generate(batch, first.tools or [])
+        finally:
+            self.policy.streamer = None
+            if release is not None:
+                kv.early_release = release
 
     async def submit(self, job: _Job) -> list[Generation]:
         """Queue a job and wait for its generations."""
         if self._queue is None:
             self._queue = asyncio.Queue()
+            self._loop = asyncio.get_running_loop()
             self._worker = asyncio.create_task(self._work())
         await self._queue.put(job)
         return await job.future
@@ -248,9 +329,13 @@ class Server:
             raise RequestError("`chat_template_kwargs` must be an object", "chat_template_kwargs")
         template_kwargs.update(extra)
         logprobs = bool(body.get("logprobs"))
-        key = (sampling, logprobs, json.dumps(template_kwargs, sort_keys=True), json.dumps(tools, sort_keys=True))
+        stream = None
+        if body.get("stream") and hasattr(self.policy, "streamer"):
+            stream = asyncio.Queue()
+        key = (sampling, logprobs, json.dumps(template_kwargs, sort_keys=True), json.dumps(tools, sort_keys=True),
+               id(stream) if stream is not None else None)  # a streamed request is a batch of its own
         loop = asyncio.get_running_loop()
-        return _Job(key, sampling, logprobs, template_kwargs, tools, [messages] * n, loop.create_future())
+        return _Job(key, sampling, logprobs, template_kwargs, tools, [messages] * n, loop.create_future(), stream)
 
     def response(self, body: dict[str, Any], generations: list[Generation],
                  tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
@@ -317,6 +402,51 @@ class Server:
             chunks.append({**head, "choices": [], "usage": completion["usage"]})
         return chunks
 
+    async def token_events(self, body: dict[str, Any], job: _Job, first: Any):
+        """The server-sent events of a streamed request while it is generated (see the module's Streaming).
+
+        ``first`` is the job's first queue item, already read (the caller waits for it to tell an error, sent as
+        a plain JSON response, from a stream). Yields ``data: ...`` lines; the last is ``data: [DONE]``.
+        """
+        assert job.stream is not None
+        created, cid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
+        head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name}
+
+        def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+            return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+        def delta(i: int, d: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+            return event([{"index": i, "delta": d, "logprobs": logprobs, "finish_reason": finish}])
+
+        stops = set(getattr(self.policy, "stop_token_ids", None) or [])
+        rows = [_RowText(self.policy.tokenizer, stops, bool(job.tools)) for _ in job.conversations]
+        for i in range(len(rows)):
+            yield delta(i, {"role": "assistant", "content": ""})
+        item = first
+        while item is not None:
+            row, tid = item
+            if row < len(rows) and (text := rows[row].add(tid)):
+                yield delta(row, {"content": text})
+            item = await job.stream.get()
+        try:
+            generations = await job.future
+        except Exception as exc:  # the stream has begun: the error is its last event
+            yield f"data: {json.dumps({'error': {'message': f'{type(exc).__name__}: {exc}', 'type': 'server_error'}})}\n\n"
+            return
+        completion = self.response(body, generations, job.tools)
+        for choice, row in zip(completion["choices"], rows):
+            i, message = choice["index"], choice["message"]
+            content = message.get("content") or ""
+            if content.startswith(row.sent) and len(content) > len(row.sent):
+                yield delta(i, {"content": content[len(row.sent):]})
+            if message.get("tool_calls"):
+                calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                yield delta(i, {"tool_calls": calls})
+            yield delta(i, {}, choice["finish_reason"], choice.get("logprobs"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield event([], usage=completion["usage"])
+        yield "data: [DONE]\n\n"
+
     def app(self):
         """The FastAPI application."""
         from fastapi import FastAPI, Request
@@ -347,7 +477,14 @@ class Server:
                 return error(400, "the request body is not JSON")
             try:
                 job = self.parse(body)
-                generations = await self.submit(job)
+                if job.stream is not None:
+                    waiting = asyncio.ensure_future(self.submit(job))
+                    first = await job.stream.get()  # a first token, or the end (then an error is answered whole)
+                    if first is not None:
+                        return StreamingResponse(self.token_events(body, job, first), media_type="text/event-stream")
+                    generations = await waiting
+                else:
+                    generations = await self.submit(job)
             except RequestError as exc:
                 return error(exc.status, str(exc), param=exc.param, code=exc.code)
             except (ValueError, TypeError, KeyError) as exc:

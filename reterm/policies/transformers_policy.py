@@ -197,6 +197,9 @@ class TransformersPolicy:
             self.chat_template_kwargs["enable_thinking"] = enable_thinking
         self.return_logprobs = return_logprobs
         self.batch_size = batch_size
+        # a transformers streamer (``put``/``end``) given to every ``generate`` call while set: ``reterm serve``'s
+        # token streaming sets it around one request (None: no streaming)
+        self.streamer: Any = None
         self.stop_token_ids = self._stop_token_ids()
         # The tool-call syntax the template teaches (used by the harness's parse-error observations).
         self.call_format = "qwen" if "<function=" in (self.tokenizer.chat_template or "") else "hermes"
@@ -351,6 +354,8 @@ class TransformersPolicy:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None)
         else:  # other fields of the checkpoint's generation_config (e.g. Qwen3.5's top_k=20) still apply
             gen_kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
+        if self.streamer is not None:
+            gen_kwargs["streamer"] = self.streamer
         out = self.kv_cache.generate(
             self.model, prompts, max_new_tokens=max_new_tokens, stop_token_ids=self.stop_token_ids,
             pad_token_id=self.pad_token_id, generation_kwargs=gen_kwargs, output_logits=self.return_logprobs,

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from reterm.sandbox.base_image import ensure_base
-from reterm.sandbox.paths import cache_root
+from reterm.sandbox.paths import cache_root, sub
 from reterm.sandbox.preflight import missing_tools
 from reterm.sandbox.rootless import rootless_problems, sandbox_mode
 from reterm.sandbox.snapshot import list_snapshots
@@ -31,13 +31,13 @@ def _log(msg: str) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="reterm sandbox", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare", help="build the cached Debian base root filesystem (debootstrap) if missing")
+    verbs = parser.add_subparsers(dest="cmd", required=True)
+    p = verbs.add_parser("prepare", help="build the cached Debian base root filesystem (debootstrap) if missing")
     p.add_argument("--task", action="append", default=[], help="also build this task's layer (repeatable)")
-    p = sub.add_parser("sweep", help="remove leftovers of crashed runs")
+    p = verbs.add_parser("sweep", help="remove leftovers of crashed runs")
     p.add_argument("--snapshots", action="store_true", help="also delete snapshots no running sandbox uses")
-    sub.add_parser("list", help="show the cache")
-    p = sub.add_parser("exec", help="run a command in a fresh sandbox of a task and print its output")
+    verbs.add_parser("list", help="show the cache")
+    p = verbs.add_parser("exec", help="run a command in a fresh sandbox of a task and print its output")
     p.add_argument("task_dir")
     p.add_argument("command")
     args = parser.parse_args(argv)
