@@ -236,6 +236,8 @@ class PrefixKVCache:
         self.released_rows = 0  # rows that went on in a later call after an early release, all calls
         self.reused_tokens = 0  # prompt tokens read from a cache, all calls
         self.fed_tokens = 0  # prompt tokens the model read, all calls
+        self.fast_calls = 0  # calls decoded by reterm.policies.llama_decode
+        self.compactions = 0  # times finished rows left such a call's batch
 
     # ------------------------------------------------------------------------------- store
     def advance(self) -> None:
@@ -441,6 +443,8 @@ class PrefixKVCache:
             fed = [len(p) - r for p, r in zip(prompts, reused)]
             self.reused_tokens += sum(reused)
             self.fed_tokens += sum(fed)
+            self.fast_calls += 1
+            self.compactions += loop.compactions
             if self.enabled:
                 for e in used:
                     if e in self._entries:

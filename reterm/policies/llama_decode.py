@@ -34,13 +34,18 @@ from typing import Any
 #: Generation settings the loop reproduces; a config that sets anything else goes to ``model.generate``.
 _HANDLED = {"do_sample", "temperature", "top_k", "top_p", "max_new_tokens", "max_length", "eos_token_id",
             "pad_token_id", "bos_token_id", "transformers_version", "return_dict_in_generate", "output_logits",
-            "use_cache", "_from_model_config", "cache_implementation"}  # fmt: skip
+            "use_cache", "_from_model_config", "cache_implementation", "disable_compile"}  # fmt: skip
 
 
 #: Finished rows leave the batch (a copy of the live rows' key/value states) once they are this share (1/n) of it...
 COMPACT_DEAD_SHARE = 4
 #: ... and at least this many of the call's steps are left (the copy costs about two steps' reads).
 MIN_COMPACT_STEPS = 8
+
+#: Output switches the loop honours when off.
+_OFF = {"output_attentions", "output_hidden_states", "output_scores"}
+#: Sampling warpers: ignored by greedy decoding.
+_WARPERS = {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"}
 
 
 @dataclass
@@ -55,12 +60,15 @@ class Sampling:
 
 
 def supports(model: Any) -> bool:
-    """Whether :func:`generate` can run ``model``: a transformers ``LlamaForCausalLM`` (not under a PEFT wrapper),
-    in eval mode, single tensor-parallel rank, whose decoder layers have the Llama attention and MLP modules."""
-    if type(model).__name__ != "LlamaForCausalLM" or getattr(model, "training", True):
+    """Whether :func:`generate` can run ``model``: a transformers ``LlamaForCausalLM`` (not under a PEFT wrapper:
+    its LoRA layers would be skipped), single tensor-parallel rank, no attention dropout (a model in training mode
+    then computes what it computes in eval mode), whose decoder layers have the Llama attention modules."""
+    if type(model).__name__ != "LlamaForCausalLM":
         return False
     cfg = model.config
     if getattr(cfg, "model_type", None) != "llama" or getattr(cfg, "pretraining_tp", 1) != 1:
+        return False
+    if model.training and float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
         return False
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "rotary_emb"):
@@ -85,8 +93,9 @@ def sampling_of(model: Any, generation_kwargs: dict[str, Any] | None) -> Samplin
     unused = config.update(**kw)
     if unused:
         return None
-    diff = set(config.to_diff_dict())
-    if diff - _HANDLED:
+    for key, value in config.to_diff_dict().items():
+        if key in _HANDLED or (key in _OFF and not value) or (key in _WARPERS and not config.do_sample):
+            continue
         return None
     if not config.do_sample:
         return Sampling(greedy=True)
@@ -98,19 +107,21 @@ def sampling_of(model: Any, generation_kwargs: dict[str, Any] | None) -> Samplin
 class LoopOutput:
     """What :func:`generate` returns: ``new_ids`` ``(B, steps)`` (pad after a row's stop token), ``logits``
     (``steps`` tensors ``(B, V)``, zeros after a row's end; only when asked), ``states`` per row the
-    ``(keys, values)`` per layer, each ``(kv_heads, n, head_dim)``, of ``prompt + kept[:-1]`` (only when asked)."""
+    ``(keys, values)`` per layer, each ``(kv_heads, n, head_dim)``, of ``prompt + kept[:-1]`` (only when asked),
+    ``compactions``: how many times finished rows left the batch."""
 
     new_ids: Any
     logits: tuple[Any, ...] | None
     states: list[list[tuple[Any, Any]]] | None
+    compactions: int = 0
 
 
-def _pick(logits: Any, s: Sampling) -> Any:
-    """One token per row from ``logits`` ``(b, V)`` float32 (transformers' warpers, in its order)."""
+def warp(logits: Any, s: Sampling) -> Any:
+    """Sampling scores of ``logits`` ``(b, V)`` float32: divided by the temperature, then every token outside the
+    ``top_k`` highest and outside the smallest set holding ``top_p`` of the mass set to ``-inf`` (transformers'
+    ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper``, in that order)."""
     import torch
 
-    if s.greedy:
-        return torch.argmax(logits, dim=-1)
     scores = logits / s.temperature if s.temperature != 1.0 else logits.clone()
     if s.top_k and s.top_k < scores.shape[-1]:
         kth = torch.topk(scores, s.top_k)[0][..., -1, None]
@@ -121,7 +132,16 @@ def _pick(logits: Any, s: Sampling) -> Any:
         remove = cum <= (1 - s.top_p)
         remove[..., -1:] = False  # keep at least one token
         scores = scores.masked_fill(remove.scatter(1, sorted_idx, remove), -float("inf"))
-    probs = torch.softmax(scores, dim=-1)
+    return scores
+
+
+def _pick(logits: Any, s: Sampling) -> Any:
+    """One token per row from ``logits`` ``(b, V)`` float32: argmax, or a draw from ``softmax(warp(logits))``."""
+    import torch
+
+    if s.greedy:
+        return torch.argmax(logits, dim=-1)
+    probs = torch.softmax(warp(logits, s), dim=-1)
     return torch.multinomial(probs, num_samples=1).squeeze(1)
 
 
@@ -203,7 +223,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     device = input_ids.device
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     out = model(input_ids=input_ids[:, cached_columns:], attention_mask=attention_mask,
-                position_ids=positions[:, cached_columns:], past_key_values=cache, use_cache=True,
+                position_ids=positions[:, cached_columns:], cache=cache, use_cache=True,
                 logits_to_keep=1)  # fmt: skip
     logits = out.logits[:, -1, :].float()
     layers = cache.layers
@@ -225,6 +245,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     states: list[Any] = [None] * B
     produced = torch.zeros(B, dtype=torch.long)  # tokens kept per original row
     pos = positions[:, -1]  # position of each row's last prompt token
+    compactions = 0
     for t in range(max_new_tokens):
         tok = _pick(logits, sampling)
         live_at = alive.nonzero().flatten()
@@ -257,8 +278,9 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
             keys = [k.index_select(0, idx) for k in keys]
             values = [v.index_select(0, idx) for v in values]
             mask = mask.index_select(0, idx)
+            compactions += 1
         pos = pos + 1
         logits = _step(model, tok, pos, keys, values, col, mask)
     steps = int(produced.max())
     return LoopOutput(new_ids=new_ids[:, :steps], logits=tuple(step_logits[:steps]) if output_logits else None,
-                      states=states if keep_states else None)
+                      states=states if keep_states else None, compactions=compactions)
