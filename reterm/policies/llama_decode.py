@@ -187,7 +187,24 @@ def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list
         out = torch.matmul(probs, V[:, :, :n]).reshape(b, hq * d)
         h = h + attn.o_proj(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return model.lm_head(inner.norm(h)).float()
+    return _head(model.lm_head, inner.norm(h)).float()
+
+
+#: Vocabulary rows of the LM head multiplied at a time (see :func:`_head`).
+HEAD_CHUNK = 4096
+
+
+def _head(head: Any, x: Any) -> Any:
+    """``head(x)`` for a bias-free linear LM head, computed :data:`HEAD_CHUNK` vocabulary rows at a time: one
+    product of SmolLM2's ``(49152, 576)`` head at 32 rows took 111 ms against 47 ms in chunks of 4096 (AVX2 EPYC, 2
+    threads, loaded machine, best of 4; the same values bit for bit there: each logit is the same dot product)."""
+    import torch
+    import torch.nn.functional as F
+
+    weight = getattr(head, "weight", None)
+    if type(head) is not torch.nn.Linear or head.bias is not None or weight.shape[0] <= 2 * HEAD_CHUNK:
+        return head(x)
+    return torch.cat([F.linear(x, weight[i : i + HEAD_CHUNK]) for i in range(0, weight.shape[0], HEAD_CHUNK)], -1)
 
 
 def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached_columns: int, *,
