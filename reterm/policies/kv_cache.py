@@ -20,6 +20,11 @@ How a batch reuses its caches (attention-only models, every cache layer a ``Dyna
 - After generation each row's states are sliced out of the batch cache (``prompt + kept[:-1]``) and stored
   under those token ids; the entries the call started from are dropped (the new ones hold their prefix).
 
+Llama-architecture models (the embedded SmolLM2) decode through :mod:`reterm.policies.llama_decode` instead of
+``model.generate`` (``fast_decode``, on by default): the same batch cache and store, keys/values written in place,
+grouped-head attention, rows that ended dropped from the batch within the call (so the restarts of early release
+are not needed there). Greedy tokens are the same (tested).
+
 Models with recurrent state (Qwen3.5's linear-attention layers, sliding windows) cannot be cut back to a
 shorter prefix nor padded in the middle: there a cache is reused only when the call has one conversation
 and the stored tokens are an exact prefix of its prompt (the whole cache object is passed on); batches of
