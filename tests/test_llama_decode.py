@@ -47,6 +47,9 @@ def test_supports_only_what_it_reproduces():
     s = llama_decode.sampling_of(tiny, {"generation_config": GenerationConfig(do_sample=True, temperature=0.7, top_p=0.9,
                                                                               top_k=0, disable_compile=True)})  # fmt: skip
     assert s == llama_decode.Sampling(greedy=False, temperature=0.7, top_k=0, top_p=0.9)
+    trl = GenerationConfig(max_new_tokens=96, do_sample=True, temperature=0.9, top_p=1.0, top_k=0, min_p=None,
+                           repetition_penalty=1.0, cache_implementation=None, disable_compile=True)  # GRPO's (TRL)
+    assert llama_decode.sampling_of(tiny, {"generation_config": trl}) == llama_decode.Sampling(False, 0.9, 0, 1.0)
     for other in ({"repetition_penalty": 1.1}, {"min_new_tokens": 3}, {"num_beams": 2}, {"no_repeat_ngram_size": 3},
                   {"generation_config": GenerationConfig(min_p=0.1, do_sample=True)}, {"stop_strings": ["$"]}):
         assert llama_decode.sampling_of(tiny, other) is None, other

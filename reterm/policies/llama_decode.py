@@ -44,6 +44,9 @@ MIN_COMPACT_STEPS = 8
 
 #: Output switches the loop honours when off.
 _OFF = {"output_attentions", "output_hidden_states", "output_scores"}
+#: Settings at the value that does nothing (TRL's GRPO config sets ``repetition_penalty=1.0``).
+_NEUTRAL = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "num_beams": 1,
+            "num_return_sequences": 1, "num_beam_groups": 1, "guidance_scale": 1.0}  # fmt: skip
 #: Sampling warpers: ignored by greedy decoding.
 _WARPERS = {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"}
 
@@ -94,7 +97,8 @@ def sampling_of(model: Any, generation_kwargs: dict[str, Any] | None) -> Samplin
     if unused:
         return None
     for key, value in config.to_diff_dict().items():
-        if key in _HANDLED or (key in _OFF and not value) or (key in _WARPERS and not config.do_sample):
+        if key in _HANDLED or (key in _OFF and not value) or (key in _WARPERS and not config.do_sample) \
+                or (key in _NEUTRAL and value == _NEUTRAL[key]):
             continue
         return None
     if not config.do_sample:
