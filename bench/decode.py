@@ -94,7 +94,7 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool) -> tu
     pos = (att.cumsum(-1) - 1).masked_fill(att == 0, 1)
     old, new = [], []
     with torch.inference_mode():
-        cache = _reserved_cache(model, W + 2 * steps + 2)
+        cache = _reserved_cache(model, W + steps + 3)
         model(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True,
               logits_to_keep=1)  # fmt: skip
         keys, values = [layer._k for layer in cache.layers], [layer._v for layer in cache.layers]
@@ -102,20 +102,21 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool) -> tu
         mask[:, :W].masked_fill_(att == 0, torch.finfo(keys[0].dtype).min)
         tok = torch.full((B,), 198, dtype=torch.long)
         last = pos[:, -1]
-        # the loop first (it writes columns W.. in place), then today's forward appends after them
-        for s in range(steps):
-            new.append(_timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask)))
-        split = None
-        if profile:
-            split = _profile(torch, lambda: llama_decode._step(model, tok, last + 1, keys, values, W, mask))
         cache2 = _reserved_cache(model, W + steps + 2)
         model(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache2, use_cache=True,
               logits_to_keep=1)  # fmt: skip
         a = att
-        for s in range(steps):
+        for s in range(steps + 1):  # interleaved, so that the machine's load hits both; the first step is a warm-up
             a = torch.cat([a, torch.ones((B, 1), dtype=a.dtype)], 1)
-            old.append(_timed(lambda: model(input_ids=tok[:, None], attention_mask=a, position_ids=(last + 1 + s)[:, None],
-                                            cache=cache2, use_cache=True)))  # fmt: skip
+            dt_new = _timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask))
+            dt_old = _timed(lambda: model(input_ids=tok[:, None], attention_mask=a, position_ids=(last + 1 + s)[:, None],
+                                          cache=cache2, use_cache=True))  # fmt: skip
+            if s:
+                new.append(dt_new)
+                old.append(dt_old)
+        split = None
+        if profile:
+            split = _profile(torch, lambda: llama_decode._step(model, tok, last + 1, keys, values, W, mask))
     return statistics.median(old) * 1e3, statistics.median(new) * 1e3, split
 
 
