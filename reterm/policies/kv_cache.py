@@ -21,6 +21,11 @@ How a batch reuses its caches (attention-only models, every cache layer a ``Dyna
 - After generation each row's states are sliced out of the batch cache (``prompt + kept[:-1]``) and stored
   under those token ids; the entries the call started from are dropped (the new ones hold their prefix).
 
+Llama-architecture models (the embedded SmolLM2) decode through :mod:`reterm.policies.llama_decode` instead of
+``model.generate`` (``fast_decode``, on by default): the same batch cache and store, keys/values written in place,
+grouped-head attention, rows that ended dropped from the batch within the call (so the restarts of early release
+are not needed there). Greedy tokens are the same (tested).
+
 Models with recurrent state (Qwen3.5's linear-attention layers, sliding windows) cannot be cut back to a
 shorter prefix nor padded in the middle: there a cache is reused only when the call has one conversation
 and the stored tokens are an exact prefix of its prompt (the whole cache object is passed on); batches of
@@ -225,17 +230,22 @@ class PrefixKVCache:
             :meth:`advance`, called by a policy once per turn of its conversations).
         early_release: let rows that finished early leave a batch (see :meth:`generate`); only with reuse
             ``enabled`` and a model whose cache can be sliced.
+        fast_decode: decode Llama-architecture models (SmolLM2) with :mod:`reterm.policies.llama_decode` (a
+            cache written in place, grouped-head attention, finished rows dropped from the batch) instead of
+            ``model.generate``; other models and settings it does not reproduce always use ``model.generate``.
+            ``False`` is the reference path (``bench/decode.py`` compares the two).
 
     The cache belongs to one model's weights: call :meth:`clear` after the weights change (a training step).
     """
 
     def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
-                 max_idle_calls: int = 16, early_release: bool = True) -> None:  # fmt: skip
+                 max_idle_calls: int = 16, early_release: bool = True, fast_decode: bool = True) -> None:  # fmt: skip
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
             raise ValueError(f"PrefixKVCache: max_bytes/max_entries must be >= 0 and max_idle_calls >= 1, got "
                              f"{max_bytes}, {max_entries}, {max_idle_calls}")  # fmt: skip
         self.enabled = enabled
         self.early_release = early_release
+        self.fast_decode = fast_decode
         self.max_bytes, self.max_entries, self.max_idle_calls = max_bytes, max_entries, max_idle_calls
         self._entries: list[_Entry] = []
         self._calls = 0
@@ -243,6 +253,8 @@ class PrefixKVCache:
         self.released_rows = 0  # rows that went on in a later call after an early release, all calls
         self.reused_tokens = 0  # prompt tokens read from a cache, all calls
         self.fed_tokens = 0  # prompt tokens the model read, all calls
+        self.fast_calls = 0  # calls decoded by reterm.policies.llama_decode
+        self.compactions = 0  # times finished rows left such a call's batch
 
     # ------------------------------------------------------------------------------- store
     def advance(self) -> None:
@@ -310,6 +322,8 @@ class PrefixKVCache:
         length in ``generation_kwargs`` or their ``generation_config``): a row they stop would look released."""
         with self._lock:
             try:
+                if self._fast(model, kwargs.get("generation_kwargs")):  # drops finished rows itself
+                    return self._generate(model, prompts, **kwargs)
                 if not (self.early_release and self.enabled and len(prompts) >= MIN_RELEASE_ROWS
                         and _releasable(kwargs.get("generation_kwargs"))
                         and _plain_attention(model)):  # fmt: skip
@@ -409,6 +423,7 @@ class PrefixKVCache:
             self._share_prefix(model, prompts, device)
         sliceable = self._entries[0].layers is not None if self._entries else None
         cache = None
+        cached_columns = 0
         used: list[_Entry] = []
         reused = [0] * B
         if self.enabled and self._entries:
@@ -418,6 +433,7 @@ class PrefixKVCache:
                 C = W - S
                 if C > 0:
                     cache = self._batch_cache(model, prompts, matches, W, C, device, W + max_new_tokens)
+                    cached_columns = C
                     for row, (p, (e, n)) in enumerate(zip(prompts, matches)):
                         reused[row] = max(0, len(p) - S)
                         if e is not None and reused[row] > 0:
@@ -431,6 +447,29 @@ class PrefixKVCache:
 
         if cache is None and sliceable is not False:
             cache = _reserved_cache(model, W + max_new_tokens)
+        fast = release_at == 0 and cache is not None and self._fast(model, generation_kwargs)
+        if fast:
+            from reterm.policies import llama_decode
+
+            with torch.inference_mode():
+                loop = llama_decode.generate(
+                    model, input_ids.to(device), attention.to(device), cache, cached_columns,
+                    max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids), pad_token_id=pad_token_id,
+                    sampling=llama_decode.sampling_of(model, generation_kwargs), output_logits=output_logits,
+                    keep_states=self.enabled)  # fmt: skip
+            fed = [len(p) - r for p, r in zip(prompts, reused)]
+            self.reused_tokens += sum(reused)
+            self.fed_tokens += sum(fed)
+            self.fast_calls += 1
+            self.compactions += loop.compactions
+            if self.enabled:
+                for e in used:
+                    if e in self._entries:
+                        self._entries.remove(e)
+                self._store_states(prompts, loop.new_ids, loop.states, stop_token_ids)
+                if evict:
+                    self._evict()
+            return CachedGeneration(new_ids=loop.new_ids, logits=loop.logits, reused=reused, fed=fed)
         kwargs = dict(generation_kwargs or {})
         kwargs.update(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
                       return_dict_in_generate=True, output_logits=output_logits, use_cache=True)  # fmt: skip
@@ -510,6 +549,26 @@ class PrefixKVCache:
         for layer, (keys, values) in zip(cache.layers, layers):
             layer.update(keys, values)
         return cache
+
+    def _fast(self, model: Any, generation_kwargs: dict[str, Any] | None) -> bool:
+        """Whether this call decodes with :mod:`reterm.policies.llama_decode` (on, a model it supports, settings it
+        reproduces)."""
+        from reterm.policies import llama_decode
+
+        return (self.fast_decode and llama_decode.supports(model)
+                and llama_decode.sampling_of(model, generation_kwargs) is not None)  # fmt: skip
+
+    def _store_states(self, prompts: list[list[int]], new: Any, states: list[Any], stop_token_ids: list[int]) -> None:
+        """Store each row's states as :func:`reterm.policies.llama_decode.generate` cut them out (per layer
+        ``(heads, n, head_dim)`` for ``prompt + kept[:-1]``)."""
+        stops = set(stop_token_ids)
+        if self._entries and self._entries[0].layers is None:
+            self._entries = []
+        for p, seq, layers in zip(prompts, new.tolist(), states):
+            kept, _ = cut_at_stop(seq, stops)
+            nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+            self._entries.append(_Entry(tokens=list(p) + kept[:-1], layers=layers, nbytes=nbytes,
+                                        last_used=self._calls))  # fmt: skip
 
     def _store(self, cache: Any, prompts: list[list[int]], new: Any, stop_token_ids: list[int], W: int) -> None:
         if cache is None:

@@ -1,0 +1,159 @@
+"""The Llama decoding loop (reterm.policies.llama_decode) against ``model.generate`` on the real SmolLM2 in float32:
+the same greedy tokens (rows of different lengths, left padding, a second turn from the prefix store, rows that
+end at different steps and leave the batch), the same logits, transformers' sampling warpers, the fallback for
+models and settings it does not reproduce, and GRPO's merged copy read as it is after an optimiser step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reterm.agent.protocol import TOOLS, initial_messages
+from reterm.policies import llama_decode
+from reterm.policies.kv_cache import PrefixKVCache, cut_at_stop
+
+ASKS = ["List the files.", "Create /app/out.txt holding the word hello, then check it.", "Run the tests.",
+        "Fix the permissions of /app/run.sh so that it runs, then run it twice and compare the two outputs.",
+        "Why does make fail?"]  # fmt: skip
+GREEDY = {"do_sample": False, "temperature": None, "top_p": None}
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from reterm.policies.transformers_policy import TransformersPolicy
+
+    return TransformersPolicy("smollm2", temperature=0, max_new_tokens=24, dtype="float32")
+
+
+def _prompts(policy) -> list[list[int]]:
+    return [policy.prompt_ids(initial_messages(a), TOOLS) for a in ASKS]
+
+
+def _run(policy, prompts, fast: bool, stops, kv=None, **kw):
+    kv = kv if kv is not None else PrefixKVCache(fast_decode=fast)
+    out = kv.generate(policy.model, prompts, max_new_tokens=kw.pop("max_new_tokens", 24), stop_token_ids=stops,
+                      pad_token_id=policy.pad_token_id, generation_kwargs=kw.pop("generation_kwargs", GREEDY), **kw)  # fmt: skip
+    return kv, out
+
+
+def test_supports_only_what_it_reproduces():
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from reterm.tiny_qwen import build_tiny_qwen3_5
+
+    tiny = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3_5(), dtype=torch.float32).eval()
+    assert not llama_decode.supports(tiny)  # another architecture: model.generate
+    assert llama_decode.sampling_of(tiny, {"do_sample": False}) == llama_decode.Sampling(greedy=True)
+    s = llama_decode.sampling_of(tiny, {"generation_config": GenerationConfig(do_sample=True, temperature=0.7, top_p=0.9,
+                                                                              top_k=0, disable_compile=True)})  # fmt: skip
+    assert s == llama_decode.Sampling(greedy=False, temperature=0.7, top_k=0, top_p=0.9)
+    trl = GenerationConfig(max_new_tokens=96, do_sample=True, temperature=0.9, top_p=1.0, top_k=0, min_p=None,
+                           repetition_penalty=1.0, cache_implementation=None, disable_compile=True)  # GRPO's (TRL)
+    assert llama_decode.sampling_of(tiny, {"generation_config": trl}) == llama_decode.Sampling(False, 0.9, 0, 1.0)
+    for other in ({"repetition_penalty": 1.1}, {"min_new_tokens": 3}, {"num_beams": 2}, {"no_repeat_ngram_size": 3},
+                  {"generation_config": GenerationConfig(min_p=0.1, do_sample=True)}, {"stop_strings": ["$"]}):
+        assert llama_decode.sampling_of(tiny, other) is None, other
+
+
+def test_warp_is_transformers_sampling():
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 500) * 3
+    for temperature, top_k, top_p in ((0.7, 0, 0.95), (1.0, 20, 1.0), (1.3, 50, 0.8)):
+        procs = [TemperatureLogitsWarper(temperature)]
+        procs += [TopKLogitsWarper(top_k)] if top_k else []
+        procs += [TopPLogitsWarper(top_p)] if top_p < 1 else []
+        want = LogitsProcessorList(procs)(torch.zeros(4, 1, dtype=torch.long), logits.clone())
+        got = llama_decode.warp(logits, llama_decode.Sampling(False, temperature, top_k, top_p))
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        torch.testing.assert_close(got[~torch.isinf(got)], want[~torch.isinf(want)])
+
+
+@pytest.mark.slow  # the real SmolLM2 (module fixture), 5 rows x 24 tokens, two turns, both paths
+def test_greedy_tokens_and_logits_equal_generate_across_turns(smol):
+    prompts = _prompts(smol)
+    assert len({len(p) for p in prompts}) > 1  # rows of different lengths: left padding
+    stops = smol.stop_token_ids
+    kv_ref, ref = _run(smol, prompts, False, stops, output_logits=True)
+    kv_new, new = _run(smol, prompts, True, stops, output_logits=True)
+    assert kv_ref.fast_calls == 0 and kv_new.fast_calls == 1
+    assert new.new_ids.tolist() == ref.new_ids.tolist()
+    assert new.reused == ref.reused and new.fed == ref.fed  # the shared system prompt is read once, both ways
+    for row, ids in enumerate(ref.new_ids.tolist()):
+        n = len(cut_at_stop(ids, set(stops))[0])
+        torch.testing.assert_close(torch.stack([s[row] for s in new.logits[:n]]),
+                                   torch.stack([s[row] for s in ref.logits[:n]]), atol=2e-3, rtol=1e-3)  # fmt: skip
+    # turn 2 from each path's own store: the loop's stored states continue as generate's do
+    obs = smol.tokenizer.encode("<|im_end|>\n<|im_start|>user\n[exit status: 1] no such file<|im_end|>\n"
+                                "<|im_start|>assistant\n")  # fmt: skip
+    nxt = [p + cut_at_stop(ids, set(stops))[0] + obs for p, ids in zip(prompts, ref.new_ids.tolist())]
+    _, ref2 = _run(smol, nxt, False, stops, kv=kv_ref)
+    _, new2 = _run(smol, nxt, True, stops, kv=kv_new)
+    assert all(r > 300 for r in new2.reused) and new2.reused == ref2.reused
+    assert new2.new_ids.tolist() == ref2.new_ids.tolist()
+
+
+@pytest.mark.slow  # the real SmolLM2, 8 rows x 40 tokens, both paths
+def test_rows_that_end_leave_the_batch_with_the_same_tokens(smol):
+    """Rows end at their first period or newline, at different steps: the loop drops them from the batch
+    (compactions) and the others' tokens are those of one ``model.generate`` call."""
+    tok = smol.tokenizer
+    stops = smol.stop_token_ids + [tok.convert_tokens_to_ids("."), tok.encode("\n")[0]]
+    prompts = _prompts(smol) + [smol.prompt_ids(initial_messages(a), TOOLS) for a in
+                                ("Say hi", "Write a long story about a terminal", "What is 2 + 2")]  # fmt: skip
+    _, ref = _run(smol, prompts, False, stops, max_new_tokens=40)
+    kv, new = _run(smol, prompts, True, stops, max_new_tokens=40)
+    lengths = [len(cut_at_stop(r, set(stops))[0]) for r in ref.new_ids.tolist()]
+    assert len(set(lengths)) > 2, lengths
+    assert kv.compactions > 0
+    assert new.new_ids.tolist() == ref.new_ids.tolist()
+
+
+@pytest.mark.slow  # the real SmolLM2 with a LoRA adapter, one optimiser step, three short generations
+def test_rollouts_follow_the_merged_copy_after_an_optimiser_step():
+    """GRPO generates from :class:`MergedGenerationCopy` (synced after every optimiser step) through the kit's
+    cache; the loop reads the copy's live parameters: after a step and a sync its tokens are the LoRA model's
+    own (``model.generate`` on the PEFT model), and differ from those before the step."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reterm.training.generation_copy import MergedGenerationCopy
+    from reterm.training.models import resolve_model_name_or_path
+
+    path = resolve_model_name_or_path("smollm2")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))  # fmt: skip
+    copy = MergedGenerationCopy(model, torch.float32)
+    assert llama_decode.supports(copy.model) and not llama_decode.supports(model)
+    prompts = [tok.apply_chat_template(initial_messages(a), tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                       return_dict=False) for a in ASKS[:3]]  # fmt: skip
+    stops = [tok.convert_tokens_to_ids("<|im_end|>")]
+
+    def gen(m, fast):
+        kv = PrefixKVCache(fast_decode=fast)
+        out = kv.generate(m, [list(p) for p in prompts], max_new_tokens=8, stop_token_ids=stops,
+                          pad_token_id=stops[0], generation_kwargs=GREEDY)  # fmt: skip
+        assert kv.fast_calls == (1 if fast else 0)
+        return out.new_ids.tolist()
+
+    before = gen(copy.model, True)
+    # one optimiser step that makes the model say "zebra" after each prompt
+    target = tok.encode(" zebra")[0]
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    model.train()
+    ids = torch.tensor([list(prompts[0])])
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, -1], torch.tensor([target]))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    stale = gen(copy.model, True)
+    assert stale == before  # not synced yet: the copy still holds the old weights
+    copy.sync(model)
+    after = gen(copy.model, True)
+    assert after != before
+    with torch.no_grad():
+        assert after == gen(model, False)  # the LoRA model itself, through model.generate
