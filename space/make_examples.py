@@ -87,11 +87,11 @@ def record_model_recovery(checkpoint: Path, name: str, task_roots: list[Path], t
     first failure is followed by a forked attempt that passes; save that run (else the best one) under
     ``out/<task>-<name>/``. Returns a line saying what was kept. Raises ``RuntimeError`` when no run got as far
     as a failure and its forks."""
-    from live_run import list_tasks
+    import tomllib
 
     from reterm.generation import MAX_TURN_TOKENS
 
-    import tomllib
+    from live_run import list_tasks
 
     known = list_tasks(task_roots)
     names = tasks or sorted(known)

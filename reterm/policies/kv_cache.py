@@ -47,6 +47,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from reterm.policies import llama_decode
+from reterm.policies.cache_keyword import cache_kwarg
+
 #: A shared prompt prefix shorter than this is not read separately (not worth a forward of its own).
 MIN_SHARED_PREFIX = 32
 #: Default bound on the bytes of cached key/value states (SmolLM2-135M: about 46 KB a token in float32).
@@ -122,17 +125,6 @@ def _reserved_layer_class():
 
 
 _RESERVED = None
-
-
-def cache_kwarg(model: Any) -> str:
-    """The keyword ``model``'s ``forward`` (and so ``generate``) takes its KV cache under: ``"cache"`` in
-    transformers 5.24 (where ``past_key_values`` is a deprecated alias), ``"past_key_values"`` in 5.20 (the GPU set,
-    requirements-gpu.txt), which has no ``cache`` parameter and would pass such a keyword on unread: every turn
-    would then re-read its whole prompt. A PEFT wrapper is looked through to its base model."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _reserved_cache(model: Any, capacity: int) -> Any:
@@ -449,7 +441,6 @@ class PrefixKVCache:
             cache = _reserved_cache(model, W + max_new_tokens)
         fast = release_at == 0 and cache is not None and self._fast(model, generation_kwargs)
         if fast:
-            from reterm.policies import llama_decode
 
             with torch.inference_mode():
                 loop = llama_decode.generate(
@@ -553,7 +544,6 @@ class PrefixKVCache:
     def _fast(self, model: Any, generation_kwargs: dict[str, Any] | None) -> bool:
         """Whether this call decodes with :mod:`reterm.policies.llama_decode` (on, a model it supports, settings it
         reproduces)."""
-        from reterm.policies import llama_decode
 
         return (self.fast_decode and llama_decode.supports(model)
                 and llama_decode.sampling_of(model, generation_kwargs) is not None)  # fmt: skip

@@ -31,6 +31,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from reterm.policies.cache_keyword import cache_kwarg
+
 #: Generation settings the loop reproduces; a config that sets anything else goes to ``model.generate``.
 _HANDLED = {"do_sample", "temperature", "top_k", "top_p", "max_new_tokens", "max_length", "eos_token_id",
             "pad_token_id", "bos_token_id", "transformers_version", "return_dict_in_generate", "output_logits",
@@ -244,7 +246,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     device = input_ids.device
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     out = model(input_ids=input_ids[:, cached_columns:], attention_mask=attention_mask,
-                position_ids=positions[:, cached_columns:], cache=cache, use_cache=True,
+                position_ids=positions[:, cached_columns:], use_cache=True, **{cache_kwarg(model): cache},
                 logits_to_keep=1)  # fmt: skip
     logits = out.logits[:, -1, :].float()
     layers = cache.layers
