@@ -193,7 +193,7 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
     lines += ["Rates: value [Wilson 95% interval] (n items); the learning-signal share is the share of a GRPO run's "
               "attempts in groups whose rewards differ, with a bootstrap interval over groups.", "",
               "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-              "Recovery@1 own two-stage states | GRPO learning-signal share | GRPO steps (attempts) |",
+              "Recovery@1 own multi-stage states | GRPO learning-signal share | GRPO steps (attempts) |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in MODEL_LABELS.items():
         e = models.get(name) or {}

@@ -225,8 +225,10 @@ case "$RECIPE:$SIZE" in
     # held-out drills and none of the two-stage ones: docs/RESULTS.md);
     # 15 GRPO steps of two groups of G=4 each (120 attempts) on the two-stage drills. The evaluation: every one of the 120
     # in-distribution test instances and 12 held-out-family instances for Pass@1, and Recovery@1 from 150 own
-    # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
-    # start until 150 failed, once; then 150 recovery attempts per model). Left out for time (about 3 min a model;
+    # failure states of the SFT model on held-out four-stage chains (the SFT model attempts them from the start,
+    # 14 turns each, until 150 failed, once; a state is the failed attempt with the most stages done; then 150
+    # recovery attempts per model, and every other model's Pass@1 from the start of the same chains, paired by
+    # task). Not yet measured at this size: about 3x the turns of the two-stage states it replaces. Left out for time (about 3 min a model;
     # `python -m eval.drills` runs them by default): Recovery@1 from injected states, own Recovery@k.
     # plus 24 four-stage train chains (docs/DRILLS.md, "Chains"): their whole references and one scripted failed
     # attempt each recovered from j stages done (the SFT start learns each stage and the resumption)
@@ -243,7 +245,7 @@ case "$RECIPE:$SIZE" in
     # Two models at a time, each in its own process (--workers 2): 1.22x faster than one process on 2 cores
     # (bench/eval_workers.py), twice the memory (the stage peaked at 11.2 GB).
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
-               --multistage-states 150 --workers 2)
+               --multistage-states 150 --chain-stages 4 --workers 2)
     # the mechanism, on held-out four-stage chains, where a fresh attempt rarely finishes and a state with stages
     # done often can: 48 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 384
     # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs: assumed discordance 0.4,
@@ -267,8 +269,9 @@ case "$SIZE" in
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
                --max_turns 1 --max_turn_tokens 32 --save_strategy no)
+    # CI's chain states: three stages at its 2 turns (as short as its two-stage runs were)
     EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48 --multistage-states 2
-               --workers 2)
+               --chain-stages 3 --chain-max-turns 2 --workers 2)
     MECH_SIZE=(--tasks 2 --group-size 2 --chain-stages 3 --max-turns 3 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;

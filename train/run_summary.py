@@ -294,7 +294,8 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
 
     ``summary.json`` holds, per model, ``pass_at_1`` and ``recovery_at_1`` (each ``{"drills_id",
     "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``; ``recovery_at_1`` also ``multistage_own``, from the
-    state model's own two-stage failure states, whose origin is ``multistage_states``), ``valid_tool_call_rate``,
+    state model's own multi-stage failure states (two-stage drills or chains), whose origin is
+    ``multistage_states``; on chains ``pass_at_1`` also ``multistage_start``), ``valid_tool_call_rate``,
     and for the two GRPO runs ``zero_variance_group_share``, ``signal_attempt_share`` (and by state source) and ``steps``; the paired
     differences, each with ``min_detectable_80``; ``mechanism`` (``RUN/mechanism/mechanism.json`` of
     :mod:`reterm.eval.mechanism`) when that stage ran; ``wall_s`` and ``peak_rss_gb`` of the run.
@@ -308,7 +309,7 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     lines = [f"# ReTerm run `{rel_path(run_dir)}` (recovery drills)", "",
              "Rates: value [Wilson 95% interval] (n items). Greedy decoding, the kit's one harness and prompt.", "",
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-             "Recovery@1 own two-stage states | zero-variance groups | GRPO steps (attempts, completion tokens) |",
+             "Recovery@1 own multi-stage states | zero-variance groups | GRPO steps (attempts, completion tokens) |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in DRILL_MODELS.items():
         m = models.get(name) or {}
