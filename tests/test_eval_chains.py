@@ -98,3 +98,20 @@ def test_chain_stages_is_checked(tmp_path, capsys):
     assert "--chain-stages 1: expected 2 or more" in capsys.readouterr().err
     assert eval_drills.main(argv + ["--chain-stages", "4"]) == 2
     assert "a chain needs one per stage" in capsys.readouterr().err
+
+
+def test_own_attempts_go_to_the_longest_chains_first(tmp_path):
+    from reterm.data.drills import own_multistage_dirs, read_splits
+    from reterm.drills.generate import stage_parts
+    from reterm.drills.multistage import add_train_instances
+
+    tasks = tmp_path / "drills"
+    generate_drills(tasks, 0, 2, families=["mkdir-parent", "exec-bit", "off-by-one", "git-identity"], ood_families=[])
+    add_train_instances(tasks, 3)
+    add_train_instances(tasks, 2, stages=4)
+    add_train_instances(tasks, 1, stages=3)
+    multi = [tasks / n for n in read_splits(tasks)["train"] if stage_parts(tasks / n)]
+    assert [d.name for d in multi][:3] == ["multi-10000", "multi-10001", "multi-10002"]  # splits.json order
+    got = [d.name for d in own_multistage_dirs(multi, 4)]
+    assert got == ["chain4-10000", "chain4-10001", "chain3-10000", "multi-10000"]
+    assert own_multistage_dirs(multi, 0) == [] and len(own_multistage_dirs(multi, 99)) == 6
