@@ -316,7 +316,7 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
             "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_text_atomic(folder / "start_attempts.jsonl", "".join(line + "\n" for line in lines))
     write_json_atomic(folder / "states.json", data)
-    _say(f"  {state_model}: {len(kept)} {what} failure states from {tried} tasks; pass rate from task "
+    _say(f"  {state_model}: {len(kept)} {what} failure states from {tried} tasks; {what} pass rate from task "
          f"start {_fmt(data['pass_at_1_from_start'])}, {data['wall_s']:.0f}s")  # fmt: skip
     return data
 
@@ -824,7 +824,8 @@ def main(argv: list[str] | None = None) -> int:
         if state_model in todo and not parallel:  # it builds the states at its turn, first
             todo.sort(key=lambda n: n != state_model)
         else:
-            _say(f"two-stage failure states from {state_model} = {models[state_model]}")
+            _say(f"{'two-stage' if not chain else f'{a.chain_stages}-stage chain'} failure states from {state_model} = "
+                 f"{models[state_model]}")
             policy = load_policy(models[state_model], **policy_defaults(models[state_model],
                                                                           max_new_tokens=a.max_new_tokens), seed=0)
             ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states, **ms_kw))
