@@ -50,12 +50,18 @@ from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
 from reterm.drills.caps import unwinnable as find_unwinnable
-from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, chain_name, generate_multistage, stage_families, turn_budget
+from reterm.drills.multistage import (
+    DEFAULT_STAGE_FAMILIES,
+    chain_name,
+    generate_multistage,
+    stage_families,
+    turn_budget,
+)
+from reterm.eval.failure_choice import attempt_stages_done, chain_most_progress
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, apply_thread_policy, policy_defaults
 from reterm.io import write_text_atomic
 from reterm.policies import is_local_path, load_policy
 from reterm.policies.scripted import OraclePolicy
-from reterm.eval.failure_choice import attempt_stages_done, chain_most_progress
 from reterm.recovery.attempts import Attempt, attempt_end_state, release, run_attempts
 from reterm.recovery.state import State
 from reterm.sandbox.snapshot import Snapshot
@@ -204,8 +210,13 @@ def load_multistage_states(folder: Path, state_model: str, n: int, stages: int =
         return None
     try:
         data = json.loads(path.read_text())
-        if data.get("state_model") != state_model or data.get("n_requested") != n or data.get("released") \
-                or data.get("stages", 2) != stages or (max_turns is not None and data.get("max_turns") != max_turns):
+        if (
+            data.get("state_model") != state_model
+            or data.get("n_requested") != n
+            or data.get("released")
+            or data.get("stages", 2) != stages
+            or (max_turns is not None and data.get("max_turns") != max_turns)
+        ):
             return None
         for item in data["items"]:
             if Snapshot.load(item["snapshot"]).released:
