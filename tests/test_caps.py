@@ -165,3 +165,52 @@ def test_chain_references_fit_the_turn_budget_with_margin(tokenizer, k):
     for flag in ("--stages", "--chain-stages"):
         if flag in mech and _flag(mech, flag) == k:  # the run's chains get their budget
             assert _flag(mech, "--max-turns") >= turn_budget(k)
+
+
+@pytest.mark.slow
+def test_four_stage_chain_attempts_fit_the_grpo_budget(tokenizer, tmp_path):
+    """In the real sandbox: on four-stage chains (the CPU GRPO recipes' ``seed_tasks``), the oracle cut to GRPO's
+    tokens per turn passes from the start, and the teacher passes from each scripted failure state with ``j`` stages
+    done (:func:`record_kinds`, every kind), within the recipes' ``max_turns``; every attempt's completion (turns
+    and observations, SmolLM2 tokens) fits their ``max_completion_length``, and the reference from the start would
+    not fit the old two-stage budget of 768 tokens x 5 turns (the check can fail)."""
+    from reterm.agent.episode import load_task
+    from reterm.drills.generate import stage_parts
+    from reterm.policies.scripted import OraclePolicy, TokenCapped
+    from reterm.policies.transformers_policy import template_messages
+    from reterm.recovery.attempts import attempt_end_state, release, run_attempts
+
+    caps = _grpo_caps()
+    tokens, turns, budget = min(c[1] for c in caps), min(c[2] for c in caps), min(c[3] for c in caps)
+    assert turns == turn_budget(4)
+    dirs = [c.path for c in generate_multistage(tmp_path, 0, 14, stages=4)]
+    kinds = record_kinds(4)
+    plans = {d: resume_plan(stage_parts(d), kinds[i % len(kinds)]) for i, d in enumerate(dirs)}
+
+    async def go():
+        starts = await run_attempts(TokenCapped(OraclePolicy(dirs), tokenizer, tokens), dirs, max_turns=turns)
+        first = OraclePolicy([(load_task(d).instruction, plans[d][0]) for d in dirs])
+        teacher = OraclePolicy([(load_task(d).instruction, plans[d][1]) for d in dirs])
+        firsts = await run_attempts(first, dirs, max_turns=turns, keep_failed_snapshots=True)
+        failed = [a for a in firsts if a.failed]
+        recs = await run_attempts(TokenCapped(teacher, tokenizer, tokens), [a.task_dir for a in failed],
+                                  states=[attempt_end_state(a) for a in failed],
+                                  snapshots=[a.snapshot for a in failed], max_turns=turns)  # fmt: skip
+        release(firsts)
+        return starts, failed, recs
+
+    starts, failed, recs = asyncio.run(go())
+    assert len(failed) == len(dirs)
+    assert [a.task_dir.name for a in starts + recs if not a.trajectory.passed] == []
+
+    def completion(a):
+        k = a.trajectory.prefix_len
+        prompt = tokenizer.apply_chat_template(template_messages(a.trajectory.to_messages(upto=k)), tokenize=True,
+                                               return_dict=False)
+        whole = tokenizer.apply_chat_template(template_messages(a.trajectory.to_messages()), tokenize=True,
+                                              return_dict=False)
+        return len(whole) - len(prompt)
+
+    sizes = [completion(a) for a in starts + recs]
+    assert max(sizes) <= budget, max(sizes)
+    assert max(completion(a) for a in starts) > 768 or max(len(a.trajectory.steps) for a in starts) > 5

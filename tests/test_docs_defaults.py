@@ -146,9 +146,13 @@ def test_sizes_of_the_embedded_default_are_run_all_s():
     for doc, (a,) in injected:
         assert int(a) == max_states, f"{doc}: Recovery@1 from {a} states; run_all.sh: --max-states {max_states}"
     multistage = int(ev["--multistage-states"])
-    for doc, (a,) in _matches(r"Recovery@1 from (\d+) own two-stage failure states",
-                              need=["README.md", "docs/REPRODUCING.md"]):
+    kind = {"2": "two-stage", "3": "three-stage chain", "4": "four-stage chain"}[ev.get("--chain-stages", "2")]
+    found = _matches(r"Recovery@1 from (\d+) own (two-stage|three-stage chain|four-stage chain) failure states",
+                     need=["README.md", "docs/REPRODUCING.md"])  # fmt: skip
+    for doc, (a, what) in found:
         assert int(a) == multistage, f"{doc}: Recovery@1 from {a} states; run_all.sh: --multistage-states {multistage}"
+    for doc, (a, what) in found:  # README.md's sentence is checked for its number only
+        assert doc == "README.md" or what == kind, f"{doc}: {what} states; run_all.sh: --chain-stages gives {kind}"
 
 
 def test_stage_lists_are_run_all_s():
@@ -186,9 +190,12 @@ def test_seed_sources_the_docs_name_are_the_cpu_recipe_s():
     want = yaml.safe_load((RECIPES / "grpo.yaml").read_text())["seed_failure_sources"]
     for doc, (listed,) in _matches(r"`seed_failure_sources: \[([a-z_, ]+)\]`", need=["docs/REPRODUCING.md"]):
         assert [w.strip() for w in listed.split(",")] == want, f"{doc}: seed_failure_sources [{listed}]; grpo.yaml: {want}"
-    for doc, (source,) in _matches(r"recipe seeds from the (?:two-stage drills' )?(\w+) (?:ones|failed attempts)",
-                                   need=["docs/REPRODUCING.md", "train/README.md"]):  # fmt: skip
+    for doc, (source,) in _matches(r"recipe seeds from the (?:two-stage drills' |four-stage chains' )?(\w+) "
+                                   r"(?:ones|failed attempts)", need=["docs/REPRODUCING.md", "train/README.md"]):  # fmt: skip
         assert [source] == want, f"{doc}: the recipe seeds from {source}; grpo.yaml: {want}"
+    tasks = {yaml.safe_load((RECIPES / n).read_text())["seed_tasks"] for n in ("grpo.yaml", "grpo_standard.yaml")}
+    for doc, (pattern,) in _matches(r'`seed_tasks: "([^"]+)"', need=["docs/REPRODUCING.md"]):
+        assert tasks == {pattern}, f"{doc}: seed_tasks {pattern!r}; the CPU GRPO recipes: {tasks}"
 
 
 def test_the_mechanism_samples_at_the_grpo_recipes_temperature():

@@ -39,10 +39,14 @@ def test_cpu_recipes_parse_with_the_same_budget(name):
     assert script.dataset_name == "runs/smollm2-135m/data" and args.task_dirs == ["runs/smollm2-135m/drills"]
     assert model.use_peft
     assert args.mode == ("standard" if "standard" in name else "reterm") and args.resolved_fork_method == "snapshot"
+    from reterm.drills.multistage import turn_budget
+
+    # a four-stage chain's turns; 14 turns of 96 tokens (1,344) and the longest chain reference fit the budget
     assert (args.num_generations, args.max_steps, args.max_turns, args.max_turn_tokens, args.max_completion_length) == (
-        4, 15, 5, 96, 768)  # fmt: skip
+        4, 15, turn_budget(4), 96, 1536)  # fmt: skip
+    assert args.max_turns * args.max_turn_tokens <= args.max_completion_length
     assert args.generation_batch_size == 8 and args.use_cpu and args.bf16  # autocast where the CPU has bf16
-    assert script.seed_tasks == "multi-*"  # both arms on the two-stage train drills
+    assert script.seed_tasks == "chain4-*"  # both arms on the four-stage train chains
     # ReTerm's seed states: the injected failed attempts there (the standard arm starts from the tasks' starts)
     assert script.seed_failure_sources == (None if "standard" in name else ["injected"])
     # one attempt per micro-batch (peak memory), two whole groups per optimiser step, generated together
@@ -169,3 +173,45 @@ def test_seed_failure_sources_keeps_only_those_records_in_the_reterm_pool(tmp_pa
         pool("--seed_failure_sources", "task_start")
     standard = pool("--mode", "standard", "--seed_failure_sources", "own")
     assert {s.state_source.value for s in standard.seeds} == {"task_start"}
+
+
+@pytest.mark.slow  # about 100 s on 2 busy cores: the data stage's scripted attempts on 8 drills in the real sandbox
+def test_the_cpu_recipes_seed_from_four_stage_chains_with_every_stages_done(tmp_path):
+    """The data stage's records on four-stage train chains (scripted: ``j`` stages of the reference, then a submit or
+    the next stage's natural mistake) seed ReTerm-GRPO's pool under the CPU recipe's ``seed_tasks`` and
+    ``seed_failure_sources``: only ``chain4-*`` states, from every number of stages done (0 to 3); the standard
+    recipe starts from those chains' starts."""
+    from transformers import AutoTokenizer
+
+    from reterm.data.drills import build
+    from reterm.drills import generate_drills
+    from reterm.drills.generate import stage_parts
+    from reterm.drills.multistage import add_train_instances, record_kinds, resume_plan
+    from reterm.policies.smollm2 import embedded_model_path
+    from reterm.training.sft_data import load_records
+
+    drills, data = tmp_path / "drills", tmp_path / "data"
+    generate_drills(drills, 0, 1, families=["mkdir-parent", "exec-bit", "off-by-one", "git-identity"], ood_families=[])
+    add_train_instances(drills, 1)  # a two-stage drill: its records are not the recipes' seeds
+    add_train_instances(drills, len(record_kinds(4)), stages=4)  # one chain per scripted kind
+    build(drills, data, max_turns=4, batch=8, held_out=0.0, injected_per_family=0)
+    records = {r["trajectory_id"]: r for r in load_records(str(data), "train")}
+    grpo = _grpo_script()
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+
+    def pool(name):
+        script, args = grpo.parse_args(["--config", str(RECIPES / "smollm2-135m" / name), "--dataset_name", str(data),
+                                        "--task_dirs", str(drills)])[:2]  # fmt: skip
+        return grpo.build_pool(script, args, tokenizer)
+
+    seeds = pool("grpo.yaml").seeds
+    assert seeds and all(s.task_id.startswith("chain4-") for s in seeds)
+    assert {s.state.source.value if hasattr(s.state.source, "value") else s.state.source for s in seeds} == {"injected"}
+    done = set()
+    for s in seeds:
+        r = records[s.state_id]
+        done.add(resume_plan(stage_parts(drills / r["task_id"]), r["injection"])[2])
+    assert done == {0, 1, 2, 3}
+    standard = pool("grpo_standard.yaml").seeds
+    assert sorted(s.task_id for s in standard) == sorted({r["task_id"] for r in records.values()
+                                                          if r["task_id"].startswith("chain4-")})  # fmt: skip

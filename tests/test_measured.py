@@ -128,3 +128,34 @@ def test_run_folder_paths_compare_across_checkouts():
                            "--other", "/tmp/a/runs/smollm2-135m-cix"], run)  # fmt: skip
     assert a == ["--model", "hf:RUN/sft/merged", "--out", "RUN/x", "--other", "/tmp/a/runs/smollm2-135m-cix"]
     assert measured.portable(["hf:/srv/k/runs/smollm2-135m-ci/sft/merged"], run) == a[1:2]
+
+
+def test_the_mechanism_on_chains_reaches_summary_json_and_the_section(tmp_path):
+    # mechanism.json made by the real summarize() from groups.jsonl rows of four-stage chains
+    from reterm.eval.mechanism import power_plan, summarize
+
+    rows = []
+    for i in range(12):
+        done = i % 3 + 1
+        rows.append({"task": f"chain4-{i:03d}", "family": "f", "category": "wrong_command",
+                     "task_start": {"rewards": [0.0, 0.0, 1.0 if i % 2 else 0.0, 0.0], "stages_done": [done] * 4},
+                     "failure_state": {"rewards": [1.0, 0.0, 0.0, 1.0 if i % 4 else 0.0], "category": "wrong_command",
+                                       "state_id": f"s{i}", "from_attempt": 0, "failed_checks": 1,
+                                       "stages_done": done}})  # fmt: skip
+    mech = summarize(rows)
+    mech.update(settings={"model": "m", "stages": 4}, power_plan=power_plan(12, 0.4, 0.2))
+    run = tmp_path / "runs" / "smollm2-135m-ci"
+    write_json_atomic(run / "mechanism" / "mechanism.json", mech)
+    run, today = _run(tmp_path, changed=False)
+    summary = json.loads((run / "summary.json").read_text())
+    got = summary["mechanism"]
+    assert set(got["by_stages_done"]) == {"1", "2", "3"} and got["by_stages_done"]["2"]["tasks"] == 4
+    assert got["power_plan"] == mech["power_plan"] and got["power_plan"]["n_needed"] > 12
+    body = measured.section(summary, today, "ci", "smollm2-135m", "summary.json")
+    for j, v in got["by_stages_done"].items():
+        s = v["signal_attempt_share"]
+        assert (f"- failure state with {j} stages done (4 tasks): share from the task start "
+                f"{measured.rate(s['task_start'])}, from the failure state {measured.rate(s['failure_state'])}") in body
+    assert f"{got['power_plan']['n_needed']} paired tasks for 80% power" in body
+    md = (run / "summary.md").read_text()
+    assert "- failure state with 3 stages done (4 tasks)" in md and "planned before the run" in md

@@ -234,6 +234,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "--chains 4:24" in cmds["drills"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
     assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 120" in cmds["eval"]
+    assert "--multistage-states 150 --chain-stages 4" in cmds["eval"]  # >= 150 own four-stage chain states
     assert f"--model grpo-reterm=hf:{tmp_path}/d/grpo-reterm/merged" in cmds["eval"]
     r = _run_all("--dry-run", "--size", "ci", "--run-dir", str(tmp_path / "c"))
     cmds = {name: line for name, line in zip(_dry_stages(r.stdout), r.stdout.split("\n[")[1:])}
@@ -241,6 +242,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert "--chain-stages 3 --max-turns 3" in cmds["mechanism"]  # CI's chains: as short as its two-stage runs were
     assert "--max_steps 1 --num_generations 2" in cmds["grpo"]
     assert "--max-id 2" in cmds["eval"]
+    assert "--multistage-states 2 --chain-stages 3 --chain-max-turns 2" in cmds["eval"]
     assert not (tmp_path / "d").exists()  # a dry run writes nothing
     # a changed recipe re-runs its stage, not only a changed command
     for name, watched in (("sft", "smollm2-135m/sft.yaml"), ("grpo", "smollm2-135m/grpo.yaml"),

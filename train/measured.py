@@ -193,7 +193,7 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
     lines += ["Rates: value [Wilson 95% interval] (n items); the learning-signal share is the share of a GRPO run's "
               "attempts in groups whose rewards differ, with a bootstrap interval over groups.", "",
               "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-              "Recovery@1 own two-stage states | GRPO learning-signal share | GRPO steps (attempts) |",
+              "Recovery@1 own multi-stage states | GRPO learning-signal share | GRPO steps (attempts) |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in MODEL_LABELS.items():
         e = models.get(name) or {}
@@ -226,6 +226,20 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
         lines += ["", f"The mechanism stage ({mech.get('n_tasks')} multi-stage drills, no training): learning-signal "
                   f"share from the task start {rate(s.get('task_start'))}, from the SFT model's own failure state "
                   f"{rate(s.get('failure_state'))}; paired difference {diff_s}."]  # fmt: skip
+        extra = []
+        for j, v in (mech.get("by_stages_done") or {}).items():
+            sj, dj = v.get("signal_attempt_share") or {}, v.get("difference") or {}
+            dj_s = "-" if dj.get("diff") is None else (f"{dj['diff']:+.3f} [{dj['ci95'][0]:+.3f}, "
+                                                      f"{dj['ci95'][1]:+.3f}] (n={dj['n']} tasks)")  # fmt: skip
+            extra.append(f"- failure state with {j} stages done ({v.get('tasks')} tasks): share from the task start "
+                         f"{rate(sj.get('task_start'))}, from the failure state {rate(sj.get('failure_state'))}; "
+                         f"paired difference {dj_s}.")  # fmt: skip
+        pp = mech.get("power_plan")
+        if pp:
+            extra.append(f"- Planned before the run: {pp['n_needed']} paired tasks for 80% power at 95% to detect a "
+                         f"difference of {pp['delta']} at assumed discordance {pp['psi_assumed']}; {pp['n_planned']} "
+                         f"planned (smallest detectable there: {pp['min_detectable_at_planned']}).")  # fmt: skip
+        lines += [""] + extra if extra else []
     lines += ["", "| stage | wall | peak memory (process tree) | mean load | commit |", "|---|---|---|---|---|"]
     for stage, rec in (prov.get("stages") or {}).items():
         git = (rec.get("git") or {}).get("commit")

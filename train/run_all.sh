@@ -29,7 +29,7 @@
 #                  train drills, recovered and verified, added to a copy of the dataset: a new version in its
 #                  own folder (RUN/data, which SFT trained on, is never rewritten) -> RUN/data-mined
 #   grpo           ReTerm-GRPO from the SFT checkpoint: groups are forked from failure states (seeded on the
-#                  embedded default from the two-stage drills' injected failed attempts in RUN/data-mined, then
+#                  embedded default from the four-stage chains' injected failed attempts in RUN/data-mined, then
 #                  the policy's own failed attempts online)                    -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
@@ -224,16 +224,19 @@ case "$RECIPE:$SIZE" in
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs with bf16 autocast where the CPU has it (~53 min on 2 cores; one epoch, 35 min, passed 0.38 of the
     # held-out drills and none of the two-stage ones: docs/RESULTS.md);
-    # 15 GRPO steps of two groups of G=4 each (120 attempts) on the two-stage drills. The evaluation: every one of the 120
+    # 15 GRPO steps of two groups of G=4 each (120 attempts, up to 14 turns) on the four-stage train chains. The evaluation: every one of the 120
     # in-distribution test instances and 12 held-out-family instances for Pass@1, and Recovery@1 from 150 own
-    # two-stage failure states of the SFT model (held-out two-stage drills: the SFT model attempts them from the
-    # start until 150 failed, once; then 150 recovery attempts per model). Left out for time (about 3 min a model;
+    # failure states of the SFT model on held-out four-stage chains (the SFT model attempts them from the start,
+    # 14 turns each, until 150 failed, once; a state is the failed attempt with the most stages done; then 150
+    # recovery attempts per model, and every other model's Pass@1 from the start of the same chains, paired by
+    # task). Not yet measured at this size: about 3x the turns of the two-stage states it replaces. Left out for time (about 3 min a model;
     # `python -m eval.drills` runs them by default): Recovery@1 from injected states, own Recovery@k.
     # plus 24 four-stage train chains (docs/DRILLS.md, "Chains"): their whole references and one scripted failed
     # attempt each recovered from j stages done (the SFT start learns each stage and the resumption)
     DRILL_SIZE=(--per-family 32 --multistage 48 --chains 4:24)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 16)
-    # the mine stage: the SFT model also attempts every two-stage train drill (8 turns): its own failed attempts
+    # the mine stage: the SFT model also attempts 48 multi-stage train drills, the 24 four-stage chains first
+    # (14 turns), then 24 two-stage drills (8 turns): its own failed attempts
     # there are recovered and kept as records (the CPU GRPO recipe seeds from the injected ones only:
     # seed_failure_sources in grpo.yaml)
     MINE_SIZE=(--own-multistage 48)
@@ -244,7 +247,7 @@ case "$RECIPE:$SIZE" in
     # Two models at a time, each in its own process (--workers 2): 1.22x faster than one process on 2 cores
     # (bench/eval_workers.py), twice the memory (the stage peaked at 11.2 GB).
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
-               --multistage-states 150 --workers 2)
+               --multistage-states 150 --chain-stages 4 --workers 2)
     # the mechanism, on held-out four-stage chains, where a fresh attempt rarely finishes and a state with stages
     # done often can: 48 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 384
     # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs: assumed discordance 0.4,
@@ -260,16 +263,18 @@ esac
 case "$SIZE" in
   default) ;;
   ci)
-    DRILL_SIZE=(--per-family 4 --no-check --multistage 2 --chains 3:1)   # GRPO trains on the two-stage ones (recipes: seed_tasks)
+    DRILL_SIZE=(--per-family 4 --no-check --multistage 2 --chains 3:1)   # GRPO trains on the two-stage ones (GRPO_SIZE's --seed_tasks)
     DATA_SIZE=(--own-tasks 4 --max-tasks 12)
     MINE_SIZE=(--own-multistage 1)
     SFT_SIZE=(--max_steps 2 --gradient_accumulation_steps 1 --warmup_steps 0 --save_strategy no
               --eval_strategy no --eval_on_start false)
     # one group of G=2 per step, one attempt per micro-batch (like the recipe's batch 1 x accumulation)
+    # on the two-stage drills as before the recipes moved to four-stage chains (CI's drills have no four-stage chain)
     GRPO_SIZE=(--max_steps 1 --num_generations 2 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
-               --max_turns 1 --max_turn_tokens 32 --save_strategy no)
+               --max_turns 1 --max_turn_tokens 32 --save_strategy no --seed_tasks 'multi-*')
+    # CI's chain states: three stages at its 2 turns (as short as its two-stage runs were)
     EVAL_SIZE=(--max-id 2 --max-ood 1 --own-items 1 --k-max 1 --max-turns 2 --max-new-tokens 48 --multistage-states 2
-               --workers 2)
+               --chain-stages 3 --chain-max-turns 2 --workers 2)
     MECH_SIZE=(--tasks 2 --group-size 2 --chain-stages 3 --max-turns 3 --max-new-tokens 48)
     ;;
   *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;;

@@ -294,7 +294,8 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
 
     ``summary.json`` holds, per model, ``pass_at_1`` and ``recovery_at_1`` (each ``{"drills_id",
     "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``; ``recovery_at_1`` also ``multistage_own``, from the
-    state model's own two-stage failure states, whose origin is ``multistage_states``), ``valid_tool_call_rate``,
+    state model's own multi-stage failure states (two-stage drills or chains), whose origin is
+    ``multistage_states``; on chains ``pass_at_1`` also ``multistage_start``), ``valid_tool_call_rate``,
     and for the two GRPO runs ``zero_variance_group_share``, ``signal_attempt_share`` (and by state source) and ``steps``; the paired
     differences, each with ``min_detectable_80``; ``mechanism`` (``RUN/mechanism/mechanism.json`` of
     :mod:`reterm.eval.mechanism`) when that stage ran; ``wall_s`` and ``peak_rss_gb`` of the run.
@@ -308,7 +309,7 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     lines = [f"# ReTerm run `{rel_path(run_dir)}` (recovery drills)", "",
              "Rates: value [Wilson 95% interval] (n items). Greedy decoding, the kit's one harness and prompt.", "",
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
-             "Recovery@1 own two-stage states | zero-variance groups | GRPO steps (attempts, completion tokens) |",
+             "Recovery@1 own multi-stage states | zero-variance groups | GRPO steps (attempts, completion tokens) |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, label in DRILL_MODELS.items():
         m = models.get(name) or {}
@@ -369,7 +370,8 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
         data["mechanism"] = {"signal_attempt_share": mech["signal_attempt_share"],
                              "difference": mech["difference"], "pass_rate": mech.get("pass_rate"),
                              "n_tasks": mech.get("n_tasks"), "no_failure_state": mech.get("no_failure_state"),
-                             "settings": mech.get("settings")}  # fmt: skip
+                             "settings": mech.get("settings"), "by_stages_done": mech.get("by_stages_done"),
+                             "power_plan": mech.get("power_plan")}  # fmt: skip
         s_, d = mech["signal_attempt_share"], mech["difference"]["failure_state - task_start"]
         lines += ["", "## The mechanism (no training): groups from the SFT model's own failure states vs task starts",
                   "", f"{mech.get('n_tasks')} multi-stage drills, the same G and caps in both arms "
@@ -379,6 +381,7 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
                   "- paired difference: " + ("-" if d.get("diff") is None else
                   f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (n={d['n']} tasks; smallest "
                   f"difference detectable with 80% power: {d.get('min_detectable_80')})")]  # fmt: skip
+        lines += _mechanism_detail_md(mech)
     wall, peak = _stage_totals(run_dir, stage_order)
     data.update(wall_s=wall, peak_rss_gb=peak)
     lines += ["", "## Time and memory per stage", "", "| stage | wall | peak RSS |", "|---|---|---|"]
@@ -389,6 +392,25 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
               f"Details: `{rel_path(run_dir)}/eval/report.md` (Recovery@k, Fatal Attempt Rate, per category), "
               f"`{rel_path(run_dir)}/data/stats.json`, the GRPO curves in `{rel_path(run_dir)}/grpo-*/curves.png`."]  # fmt: skip
     return "\n".join(lines) + "\n", data
+
+
+def _mechanism_detail_md(mech: dict[str, Any]) -> list[str]:
+    """Markdown lines for the mechanism's split by the failure state's stages done (chains only) and the power
+    calculation stated before the run (``mechanism.json``'s ``by_stages_done`` and ``power_plan``); ``[]`` when
+    the run has neither."""
+    lines: list[str] = []
+    for j, v in (mech.get("by_stages_done") or {}).items():
+        s_, d = v["signal_attempt_share"], v["difference"]
+        diff = "-" if d.get("diff") is None else f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (n={d['n']})"
+        lines.append(f"- failure state with {j} stages done ({v['tasks']} tasks): share from the task start "
+                     f"{_rate_md(s_['task_start'])}, from the failure state {_rate_md(s_['failure_state'])}; "
+                     f"paired difference {diff}")  # fmt: skip
+    pp = mech.get("power_plan")
+    if pp:
+        lines.append(f"- planned before the run: assumed discordance {pp['psi_assumed']}, difference {pp['delta']}: "
+                     f"{pp['n_needed']} paired tasks needed for 80% power at 95% (two-sided); {pp['n_planned']} "
+                     f"planned (smallest detectable there: {pp['min_detectable_at_planned']})")  # fmt: skip
+    return lines
 
 
 def provenance(run_dir: Path, stage_order: list[str]) -> dict[str, Any]:

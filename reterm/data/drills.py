@@ -365,6 +365,14 @@ def per_family(dirs: list[Path], n: int | None, *, from_end: bool = False) -> li
     return out[::-1] if from_end else out
 
 
+def own_multistage_dirs(multi: list[Path], n: int) -> list[Path]:
+    """The ``n`` multi-stage train drills a policy's own attempts go to (``--own-multistage N``): the longest
+    chains first (``chain4-*``, the CPU GRPO recipes' ``seed_tasks``), then shorter chains, then two-stage drills;
+    within a length in the given (``splits.json``) order. ``multi``: task folders with
+    :func:`reterm.drills.generate.stage_parts`."""
+    return sorted(multi, key=lambda d: -len(stage_parts(d)))[: max(0, n)]
+
+
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
           held_out: float, max_tasks: int | None = None, max_new_tokens: int = MAX_TURN_TOKENS,
           own_tasks: int | None = None, own_multistage: int = 0, injected_per_family: int | None = None,
@@ -377,9 +385,11 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             over every family). Re-running with one more policy (the SFT checkpoint after the cold start: the
             paper's second round) keeps what the journal holds and adds that policy's records.
         own_tasks: bound on the train instances each policy attempts (default all).
-        own_multistage: each policy also attempts the first N two-stage train instances, with at least
-            :data:`OWN_MULTISTAGE_TURNS` turns (two parts and a submit need more than a single hurdle): its own
-            failed attempts there are the states ReTerm-GRPO forks from (the recipes train on ``multi-*``).
+        own_multistage: each policy also attempts N multi-stage train instances, the longest chains first (the
+            ``chain4-*`` the CPU recipes train on), then shorter chains and two-stage drills, in ``splits.json``
+            order within a length, with at least :data:`OWN_MULTISTAGE_TURNS` turns and the drill's
+            :func:`reterm.drills.multistage.turn_budget`: its own failed attempts there are recorded states of the
+            tasks ReTerm-GRPO forks from.
         max_new_tokens: tokens a turn of the policies' own attempts (default the harness's
             :data:`reterm.generation.MAX_TURN_TOKENS`, which every drill's reference fits: a lower cap cuts
             commands and makes failures the model did not make).
@@ -469,6 +479,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                 if kind.endswith("_mistake"):
                     work.append((f"{tag}:{kind}:in-attempt", mine, 16,
                                  lambda chunk, kind=kind: _stage_in_attempt_records(chunk, kind)))
+    own_multi = own_multistage_dirs(multi, own_multistage)
     step = max(1, len(dirs) // own_tasks) if own_tasks else 1
     loaded: dict[str, Any] = {}
     for j, spec in enumerate(policies):
@@ -485,7 +496,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                 budget = max(turn_budget(len(stage_parts(d))) for d in chunk)  # 8 for two stages, more for chains
                 return _batch(loaded[key], own_teacher, chunk, "own", max(max_turns, OWN_MULTISTAGE_TURNS, budget),
                               policy_label(spec), teacher_turns=max(8, budget))  # fmt: skip
-            work.append((f"own-multi:{spec}", multi[:own_multistage], batch, run_own_multi))
+            work.append((f"own-multi:{spec}", own_multi, batch, run_own_multi))
     for key, key_dirs, size, run_chunk in work:
         todo = [d for d in key_dirs if (key, d.name) not in seen]
         for i in range(0, len(todo), size):
@@ -579,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tasks", type=int, default=None, help="use only the first N single-stage train instances (every two-stage one is used)")
     p.add_argument("--own-tasks", type=int, default=None, help="the policy attempts at most N train instances")
     p.add_argument("--own-multistage", type=int, default=0,
-                   help=f"each policy also attempts the first N two-stage train instances ({OWN_MULTISTAGE_TURNS}+ turns)")
+                   help=f"each policy also attempts N multi-stage train instances, the longest chains first "
+                        f"({OWN_MULTISTAGE_TURNS}+ turns, a chain's turn budget)")
     p.add_argument("--injected-per-family", type=int, default=None,
                    help="inject the first mistake on at most N single-stage train instances per family (default all)")
     p.add_argument("--reference-per-family", type=int, default=0,

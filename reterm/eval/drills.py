@@ -15,6 +15,12 @@ For each model (greedy decoding, the kit's one harness and prompt):
   attempts from which the task's reference solution, typed from a fork of the failure state, no longer
   passes (an upper bound on recoverability: the solution may not be the only way); **Conditional
   Recovery@k**: Recovery@k among the non-fatal ones.
+- **Recovery@1 from own multi-stage failure states** (``--multistage-states N``): the ``--states-from`` model
+  (default ``sft``) attempts held-out two-stage drills, or chains of K stages (``--chain-stages K``), from the
+  start until N attempts failed; each failed attempt (on a chain: the failed attempt with the most stages done,
+  :mod:`reterm.eval.failure_choice`, the mechanism's rule) is a failure state every model recovers from once.
+  On chains every model also gets **Pass@1 from the chain's start** on the same tasks, and the attempts get the
+  chain's turns (:func:`reterm.drills.multistage.turn_budget`: ``3K + 2``) unless ``--chain-max-turns`` says less.
 
 Every rate is ``{"value", "ci95", "n"}`` (Wilson, :mod:`reterm.stats`); every difference between two models
 on the same items is a paired bootstrap interval. Infrastructure faults are counted apart and leave the
@@ -24,7 +30,7 @@ denominators; a sandbox fault that followed the attempt's own command is the age
 interrupted midway resumes from its journal (``DIR/<model>/journal.jsonl``: its scored attempts so far; the
 failed ones whose snapshots a later step forks are attempted again).
 
-``--workers N`` evaluates N models at a time, each in its own process (:func:`run_workers`): the two-stage
+``--workers N`` evaluates N models at a time, each in its own process (:func:`run_workers`): the multi-stage
 failure states are built first, in this process, and every worker recovers from those same states.
 """
 
@@ -45,7 +51,14 @@ from typing import Any
 
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
 from reterm.drills.caps import unwinnable as find_unwinnable
-from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, generate_multistage, stage_families
+from reterm.drills.multistage import (
+    DEFAULT_STAGE_FAMILIES,
+    chain_name,
+    generate_multistage,
+    stage_families,
+    turn_budget,
+)
+from reterm.eval.failure_choice import attempt_stages_done, chain_most_progress
 from reterm.generation import MAX_CONSECUTIVE_PARSE_ERRORS, MAX_TURN_TOKENS, apply_thread_policy, policy_defaults
 from reterm.io import write_text_atomic
 from reterm.policies import is_local_path, load_policy
@@ -65,8 +78,12 @@ MULTISTAGE_SEED = 0
 index :data:`reterm.drills.multistage.TRAIN_START`, so the two never share an instance)."""
 
 MULTISTAGE_KEY = "multistage_own"
-"""The key of Recovery@1 from the state model's own two-stage failure states (``recovery_at_1``, ``infra_faults``;
-``per_item.json``: ``recovery_at_1/multistage_own``)."""
+"""The key of Recovery@1 from the state model's own multi-stage failure states (two-stage drills, or chains with
+``--chain-stages K``) (``recovery_at_1``, ``infra_faults``; ``per_item.json``: ``recovery_at_1/multistage_own``)."""
+
+MULTISTAGE_START_KEY = "multistage_start"
+"""The key of Pass@1 from the start of the held-out multi-stage drills the states came from (``pass_at_1``,
+``infra_faults``; ``per_item.json``: ``pass_at_1/multistage_start``, keyed by task, paired across models)."""
 
 
 def _say(msg: str) -> None:
@@ -228,15 +245,23 @@ def multistage_families(tasks: Path) -> tuple[str, ...]:
     return DEFAULT_STAGE_FAMILIES
 
 
-def load_multistage_states(folder: Path, state_model: str, n: int) -> dict[str, Any] | None:
-    """``folder/states.json`` when it holds ``n`` states of ``state_model`` whose snapshots still exist, else
-    ``None`` (the states are then built again)."""
+def load_multistage_states(folder: Path, state_model: str, n: int, stages: int = 2,
+                           max_turns: int | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """``folder/states.json`` when it holds ``n`` states of ``state_model`` on drills of ``stages`` stages (made
+    with ``max_turns`` turns, when given) whose snapshots still exist, else ``None`` (the states are then built
+    again)."""
     path = folder / "states.json"
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text())
-        if data.get("state_model") != state_model or data.get("n_requested") != n or data.get("released"):
+        if (
+            data.get("state_model") != state_model
+            or data.get("n_requested") != n
+            or data.get("released")
+            or data.get("stages", 2) != stages
+            or (max_turns is not None and data.get("max_turns") != max_turns)
+        ):
             return None
         for item in data["items"]:
             if Snapshot.load(item["snapshot"]).released:
@@ -249,6 +274,12 @@ def load_multistage_states(folder: Path, state_model: str, n: int) -> dict[str, 
 def multistage_items(data: dict[str, Any], folder: Path) -> list[tuple[Path, State, str]]:
     """(task folder, state, snapshot id) of each item of a ``states.json``."""
     return [(folder / "tasks" / it["task"], State.from_json(it["state"]), it["snapshot"]) for it in data["items"]]
+
+
+def multistage_start_dirs(data: dict[str, Any], folder: Path) -> list[Path]:
+    """The task folders of every drill the state model attempted from the start while building a ``states.json``
+    (``n_tasks`` of them, in index order): the items of Pass@1 from the multi-stage drills' start."""
+    return [folder / "tasks" / chain_name(int(data.get("stages", 2)), i) for i in range(int(data["n_tasks"]))]
 
 
 def release_multistage(folder: Path) -> None:
@@ -266,14 +297,24 @@ def release_multistage(folder: Path) -> None:
 
 
 async def build_multistage_states(policy: Any, state_model: str, folder: Path, n: int, *, families: tuple[str, ...],
-                                  batch: int, max_tasks: int | None = None, **kw: Any) -> dict[str, Any]:  # fmt: skip
-    """The items of Recovery@1 from own two-stage failure states: ``policy`` (the model named ``state_model``)
-    makes one attempt from the start of each held-out two-stage drill, in order, until ``n`` attempts failed
-    (scored, at least one step) or ``max_tasks`` (default ``4 n``) were tried; tasks are written in chunks
-    (``1.3 n`` first). Writes ``folder/tasks``, ``folder/start_attempts.jsonl`` and ``folder/states.json``
-    (``state_model``, ``n_requested``, ``n_tasks`` attempted, ``n_states``, ``pass_at_1_from_start`` over every
-    attempted task, ``infra_faults``, ``items``: ``{"task", "state", "snapshot"}``), and returns the latter.
-    The items' snapshots are kept (:func:`release_multistage`)."""
+                                  batch: int, max_tasks: int | None = None, stages: int = 2,
+                                  **kw: Any) -> dict[str, Any]:  # fmt: skip
+    """The items of Recovery@1 from own multi-stage failure states: ``policy`` (the model named ``state_model``)
+    makes one attempt from the start of each held-out drill of ``stages`` stages (two-stage drills
+    ``multi-000``, ..., or chains ``chain<K>-000``, ...), in order, until ``n`` attempts failed (scored, at least
+    one step) or ``max_tasks`` (default ``4 n``) were tried; tasks are written in chunks (``1.3 n`` first). The
+    failure state of a task is its failed attempt chosen by
+    :func:`reterm.eval.failure_choice.chain_most_progress` (the mechanism's rule: the most stages done; with
+    greedy decoding a task has one attempt). Writes ``folder/tasks``, ``folder/start_attempts.jsonl`` and
+    ``folder/states.json`` (``state_model``, ``stages``, ``max_turns``, ``n_requested``, ``n_tasks`` attempted,
+    ``n_states``, ``pass_at_1_from_start`` over every attempted task and ``start_passed`` per task (``None``: an
+    infrastructure fault), ``infra_faults``, ``stages_done`` (failure states per stages done, chains only),
+    ``items``: ``{"task", "state", "snapshot", "stages_done"}``), and returns the latter. The items' snapshots are
+    kept (:func:`release_multistage`). ``kw``: :func:`reterm.recovery.attempts.run_attempts`'s caps.
+
+    Raises:
+        ValueError: fewer stage ``families`` than ``stages`` (named).
+    """
     t0 = time.monotonic()
     old = folder / "states.json"
     if old.is_file():  # a stale set (other model or size, or snapshots gone): free what is left of it
@@ -284,6 +325,8 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
     cap = max_tasks if max_tasks is not None else 4 * n
     kept: list[tuple[Any, Attempt]] = []
     scored: list[bool] = []
+    start_passed: dict[str, float | None] = {}
+    what = "two-stage" if stages == 2 else f"{stages}-stage chain"
     lines: list[str] = []
     tried = infra = 0
     try:
@@ -292,31 +335,44 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
             fail_share = (len(scored) - sum(scored)) / len(scored) if scored else 1.0
             more = -(-13 * need // 10) if not scored else int(1.3 * need / max(fail_share, 0.2)) + 1
             chunk = min(cap - tried, more)
-            tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families)[tried:]
-            atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} two-stage from start",
+            tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families,
+                                        stages=stages)[tried:]  # fmt: skip
+            atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} {what} from start",
                                    keep_failed_snapshots=True, **kw)  # fmt: skip
             tried += len(tasks)
             for a in atts:
                 lines.append(json.dumps({"kind": "multistage_start", **a.trajectory.model_dump(mode="json")}))
                 if not _scored(a):
                     infra += 1
+                    start_passed[a.task_dir.name] = None
+                    release([a])
                     continue
                 scored.append(bool(a.trajectory.passed))
-                if a.failed and a.trajectory.steps and len(kept) < n:
-                    kept.append((attempt_end_state(a), a))
+                start_passed[a.task_dir.name] = float(a.trajectory.passed)
+                chosen = chain_most_progress([a])  # the task's attempts: one under greedy decoding
+                if chosen is not None and len(kept) < n:
+                    kept.append((attempt_end_state(chosen), chosen))
                 else:
                     release([a])
-            _say(f"  {state_model}: {len(kept)}/{n} two-stage failure states from {tried} tasks")
+            _say(f"  {state_model}: {len(kept)}/{n} {what} failure states from {tried} tasks")
     except BaseException:
         release([a for _, a in kept])
         raise
-    data = {"state_model": state_model, "seed": MULTISTAGE_SEED, "families": list(families), "n_requested": n,
+    done_of = [attempt_stages_done(a) for _, a in kept]
+    by_done: dict[str, int] = defaultdict(int)
+    for d in done_of:
+        if d is not None:
+            by_done[str(d)] += 1
+    data = {"state_model": state_model, "seed": MULTISTAGE_SEED, "families": list(families), "stages": stages,
+            "max_turns": kw.get("max_turns"), "n_requested": n,
             "n_tasks": tried, "n_states": len(kept), "pass_at_1_from_start": rate(scored), "infra_faults": infra,
-            "items": [{"task": a.task_dir.name, "state": st.to_json(), "snapshot": a.snapshot.id} for st, a in kept],
+            "start_passed": start_passed, "stages_done": dict(sorted(by_done.items(), key=lambda kv: int(kv[0]))),
+            "items": [{"task": a.task_dir.name, "state": st.to_json(), "snapshot": a.snapshot.id, "stages_done": d}
+                      for (st, a), d in zip(kept, done_of)],
             "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_text_atomic(folder / "start_attempts.jsonl", "".join(line + "\n" for line in lines))
     write_json_atomic(folder / "states.json", data)
-    _say(f"  {state_model}: {len(kept)} two-stage failure states from {tried} tasks; two-stage pass rate from task "
+    _say(f"  {state_model}: {len(kept)} {what} failure states from {tried} tasks; {what} pass rate from task "
          f"start {_fmt(data['pass_at_1_from_start'])}, {data['wall_s']:.0f}s")  # fmt: skip
     return data
 
@@ -332,10 +388,16 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
                          injected: tuple[list[Attempt], list[Any], list[bool]], out: Path, *,
                          max_turns: int, batch: int, own_items: int, k_max: int,
                          multistage: list[tuple[Path, State, str]] | None = None,
+                         multistage_turns: int | None = None, multistage_start: list[Path] | None = None,
+                         multistage_start_known: dict[str, float | None] | None = None,
                          journal_tag: str = "", unwinnable: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """One model's metrics (see the module docstring); writes ``out/<name>/attempts.jsonl``. ``multistage``:
-    the items of Recovery@1 from own two-stage failure states (:func:`multistage_items`), if any; ``unwinnable``:
-    the items this model's caps make unwinnable (:func:`_unwinnable_items`), recorded in its metrics.
+    the items of Recovery@1 from own multi-stage failure states (:func:`multistage_items`), if any;
+    ``multistage_start``: the drills whose start Pass@1 is measured on (:func:`multistage_start_dirs`), with
+    ``multistage_start_known`` the per-task outcomes already measured (the state model's own start attempts:
+    greedy, the same caps, so not run again); ``multistage_turns``: the turns of those attempts (default
+    ``max_turns``; a chain's :func:`reterm.drills.multistage.turn_budget`); ``unwinnable``: the items this
+    model's caps make unwinnable (:func:`_unwinnable_items`), recorded in its metrics.
 
     Its attempts are journaled in ``out/<name>/journal.jsonl`` (:data:`JOURNAL`) while it runs, under
     ``journal_tag`` (what makes attempts comparable: the model's spec and the caps), so that an interrupted
@@ -386,10 +448,25 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
         state_items = [s.with_source("injected").eval_item(r.trajectory) for s, r in zip(states, recs)]
         release(recs)
 
-        # Recovery@1 from the state model's own two-stage failure states (shared by every model)
+        # Pass@1 from the start of the multi-stage drills the states came from (paired by task)
+        ms_kw = kw | {"max_turns": multistage_turns or max_turns}
+        if multistage_start:
+            if multistage_start_known is not None:
+                got = {d.name: multistage_start_known.get(d.name) for d in multistage_start}
+            else:
+                starts = await _attempts(policy, multistage_start, batch, f"{name} pass@1 (multi-stage start)", **ms_kw)
+                got = {a.task_dir.name: (float(a.trajectory.passed) if _scored(a) else None) for a in starts}
+                lines += [json.dumps({"kind": "pass_at_1_multistage", **a.trajectory.model_dump(mode="json")})
+                          for a in starts]  # fmt: skip
+                release(starts)
+            res["pass_at_1"][MULTISTAGE_START_KEY] = rate([bool(v) for v in got.values() if v is not None])
+            res["infra_faults"][MULTISTAGE_START_KEY] = sum(v is None for v in got.values())
+            per_item[f"pass_at_1/{MULTISTAGE_START_KEY}"] = got
+
+        # Recovery@1 from the state model's own multi-stage failure states (shared by every model)
         if multistage is not None:
-            ms = await _attempts(policy, [d for d, _, _ in multistage], batch, f"{name} recovery@1 (two-stage states)",
-                                 states=[s for _, s, _ in multistage], snapshots=[i for _, _, i in multistage], **kw)
+            ms = await _attempts(policy, [d for d, _, _ in multistage], batch, f"{name} recovery@1 (multi-stage states)",
+                                 states=[s for _, s, _ in multistage], snapshots=[i for _, _, i in multistage], **ms_kw)
             ok = [r for r in ms if _scored(r)]
             res["recovery_at_1"][MULTISTAGE_KEY] = rate([r.trajectory.passed for r in ok])
             res["infra_faults"][MULTISTAGE_KEY] = len(ms) - len(ok)
@@ -480,13 +557,27 @@ def _fmt(r: dict[str, Any] | None) -> str:
     return f"{r['value']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] (n={r['n']})"
 
 
+def multistage_drills_name(ms: dict[str, Any] | None) -> str:
+    """What the multi-stage states were made on, for headers: ``two-stage`` or ``4-stage chain`` (``ms``:
+    ``results["multistage_states"]``; older results without ``stages`` were two-stage)."""
+    k = int((ms or {}).get("stages") or 2)
+    return "two-stage" if k == 2 else f"{k}-stage chain"
+
+
 def multistage_states_line(ms: dict[str, Any], fmt: Any) -> str:
-    """The sentence that says where Recovery@1 from own two-stage states comes from, for the evaluation
+    """The sentence that says where Recovery@1 from own multi-stage states comes from, for the evaluation
     report, the run summary and the README. ``ms``: ``results["multistage_states"]`` (``n_states``,
-    ``state_model``, ``n_tasks``, ``pass_at_1_from_start``); ``fmt`` formats a ``{"value", "ci95", "n"}`` rate."""
-    return (f"Recovery@1 own two-stage states: every model recovers from the same {ms.get('n_states')} failure "
-            f"states of `{ms.get('state_model')}` on held-out two-stage drills ({ms.get('n_tasks')} tasks it "
-            f"attempted from the start; its two-stage pass rate from task start {fmt(ms.get('pass_at_1_from_start'))}).")
+    ``state_model``, ``n_tasks``, ``pass_at_1_from_start``; on chains ``stages``, ``max_turns`` and
+    ``stages_done``: failure states per stages done); ``fmt`` formats a ``{"value", "ci95", "n"}`` rate."""
+    what = multistage_drills_name(ms)
+    line = (f"Recovery@1 own {what} states: every model recovers from the same {ms.get('n_states')} failure "
+            f"states of `{ms.get('state_model')}` on held-out {what} drills ({ms.get('n_tasks')} tasks it "
+            f"attempted from the start; its {what} pass rate from task start {fmt(ms.get('pass_at_1_from_start'))})")
+    if what != "two-stage":
+        done = ", ".join(f"{j}: {c}" for j, c in (ms.get("stages_done") or {}).items()) or "-"
+        line += (f"; {ms.get('max_turns')} turns per attempt; the failure state of a task is its failed attempt with "
+                 f"the most stages done (failure states per stages done: {done})")
+    return line + "."
 
 
 def report(results: dict[str, Any]) -> str:
@@ -494,14 +585,16 @@ def report(results: dict[str, Any]) -> str:
     lines = ["# Recovery drills: evaluation", "",
              "Greedy decoding, the kit's harness and prompt. Rates: value [Wilson 95% interval] (n items).", "",
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID (injected) | Recovery@1 OOD (injected) | "
-             "valid tool calls | own Recovery@1 | Fatal Attempt Rate | Recovery@1 (own two-stage states) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             f"valid tool calls | own Recovery@1 | Fatal Attempt Rate | Recovery@1 (own "
+             f"{multistage_drills_name(results.get('multistage_states'))} states) | Pass@1 (multi-stage start) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, m in results["models"].items():
         own = m["recovery_own"]
         lines.append(f"| {name} | {_fmt(m['pass_at_1']['drills_id'])} | {_fmt(m['pass_at_1']['drills_ood'])} | "
                      f"{_fmt(m['recovery_at_1']['drills_id'])} | {_fmt(m['recovery_at_1']['drills_ood'])} | "
                      f"{_fmt(m['valid_tool_call_rate'])} | {_fmt(own.get('recovery_at_1'))} | "
-                     f"{_fmt(own.get('fatal_attempt_rate'))} | {_fmt(m['recovery_at_1'].get(MULTISTAGE_KEY))} |")  # fmt: skip
+                     f"{_fmt(own.get('fatal_attempt_rate'))} | {_fmt(m['recovery_at_1'].get(MULTISTAGE_KEY))} | "
+                     f"{_fmt(m['pass_at_1'].get(MULTISTAGE_START_KEY))} |")  # fmt: skip
     if results.get("multistage_states"):
         lines += ["", multistage_states_line(results["multistage_states"], _fmt)]
     lines += ["", "## Paired differences (model - baseline, same items; bootstrap 95% interval)", ""]
@@ -578,6 +671,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Recovery@1 from N own failure states of the --states-from model on held-out two-stage drills "
                         "(0: off). Cost: the state model's attempts from the task start until N failed (1.3 N "
                         "tasks first, more when it passes many, at most 4 N), once, plus N recovery attempts per model")
+    p.add_argument("--chain-stages", type=int, default=2, metavar="K",
+                   help="stages of the held-out drills of --multistage-states: 2 (two-stage drills, the default) or a "
+                        "chain of K >= 3 stages (chain<K>-000, ...): the failure state of a task is its failed attempt "
+                        "with the most stages done (reterm.eval.failure_choice), and every model also gets Pass@1 "
+                        "from the start of the chains the states came from (paired by task)")
+    p.add_argument("--chain-max-turns", type=int, default=None, metavar="T",
+                   help="turns of the attempts on those drills (default: reterm.drills.multistage.turn_budget(K), "
+                        "3K + 2; fewer is run as asked, with a note, as a CI run keeps its turns small)")
     p.add_argument("--keep-states", action="store_true",
                    help="keep the two-stage failure states' snapshots when every model is done (by default they are "
                         "released to free the disk; kept, a later run that adds a --model recovers from the very same "
@@ -753,10 +854,24 @@ def main(argv: list[str] | None = None) -> int:
     parallel = a.workers > 1 and len(todo) > 1
     state_model = a.states_from if a.states_from in models else next(iter(models))
     ms_dir = a.output / "multistage"
-    ms_kw = dict(families=multistage_families(a.tasks), batch=a.batch, max_turns=a.max_turns,
+    if a.chain_stages < 2:
+        print(f"eval.drills: --chain-stages {a.chain_stages}: expected 2 or more", file=sys.stderr)
+        return 2
+    chain = a.chain_stages > 2
+    ms_turns = (a.chain_max_turns or turn_budget(a.chain_stages)) if chain else a.max_turns
+    if chain and ms_turns < turn_budget(a.chain_stages):
+        _say(f"note: --chain-max-turns {ms_turns} is below the {turn_budget(a.chain_stages)} turns a chain of "
+             f"{a.chain_stages} stages gets (reterm.drills.multistage.turn_budget): some references do not fit")
+    ms_families = multistage_families(a.tasks)
+    if len(ms_families) < a.chain_stages:
+        print(f"eval.drills: --chain-stages {a.chain_stages}: {a.tasks} has {len(ms_families)} in-distribution stage "
+              f"families {list(ms_families)}; a chain needs one per stage", file=sys.stderr)  # fmt: skip
+        return 2
+    ms_kw = dict(families=ms_families, batch=a.batch, max_turns=ms_turns, stages=a.chain_stages,
                  max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS)  # fmt: skip
     need_ms = a.multistage_states > 0 and bool(todo)
-    ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states) if need_ms else None
+    ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states, a.chain_stages,
+                                     ms_turns) if need_ms else None  # fmt: skip
     if need_ms and ms_data is None and a.only and os.environ.get(PARENT_ENV):
         print(f"eval.drills: --only {a.only}: no usable two-stage failure states of {state_model} in {ms_dir} (the "
               "evaluation that started this worker builds them first)", file=sys.stderr)  # fmt: skip
@@ -765,7 +880,8 @@ def main(argv: list[str] | None = None) -> int:
         if state_model in todo and not parallel:  # it builds the states at its turn, first
             todo.sort(key=lambda n: n != state_model)
         else:
-            _say(f"two-stage failure states from {state_model} = {models[state_model]}")
+            _say(f"{'two-stage' if not chain else f'{a.chain_stages}-stage chain'} failure states from {state_model} = "
+                 f"{models[state_model]}")
             policy = load_policy(models[state_model], **policy_defaults(models[state_model],
                                                                           max_new_tokens=a.max_new_tokens), seed=0)
             ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states, **ms_kw))
@@ -792,6 +908,11 @@ def main(argv: list[str] | None = None) -> int:
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
                                            k_max=a.k_max, journal_tag=f"{models[name]}|{a.max_turns}|{a.max_new_tokens}",
                                            multistage=multistage_items(ms_data, ms_dir) if ms_data else None,
+                                           multistage_turns=ms_turns,
+                                           multistage_start=multistage_start_dirs(ms_data, ms_dir)
+                                           if ms_data and chain else None,
+                                           multistage_start_known=ms_data.get("start_passed")
+                                           if ms_data and name == state_model else None,
                                            unwinnable=unwinnable))  # fmt: skip
             _say(f"{name}: Pass@1 ID {_fmt(m['pass_at_1']['drills_id'])}, Recovery@1 ID "
                  f"{_fmt(m['recovery_at_1']['drills_id'])}, {m['wall_s']:.0f}s")  # fmt: skip
@@ -823,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
                             "unwinnable_items": unwinnable,
                             "own_items": a.own_items, "k_max": a.k_max,
                             "multistage_states": a.multistage_states, "states_from": state_model,
+                            "chain_stages": a.chain_stages, "multistage_max_turns": ms_turns,
                             "workers": min(a.workers, max(1, len(todo)))},
                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_json_atomic(a.output / "results.json", results)

@@ -58,16 +58,12 @@ from pathlib import Path
 from typing import Any
 
 from reterm.data.drills import read_splits
-from reterm.drills.multistage import (
-    DEFAULT_STAGE_FAMILIES,
-    MultiStageInstance,
-    generate_multistage,
-    stages_done,
-    turn_budget,
-)
+from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage, turn_budget
 from reterm.eval.drills import spread
+from reterm.eval.failure_choice import attempt_stages_done as _done
+from reterm.eval.failure_choice import chain_most_progress
 from reterm.policies import load_policy
-from reterm.recovery.attempts import attempt_end_state, failed_checks, most_progress, release, run_attempts
+from reterm.recovery.attempts import attempt_end_state, failed_checks, release, run_attempts
 from reterm.stats import group_signal, items_needed, min_detectable, paired_bootstrap, rate
 from reterm.stats import signal_attempt_share as share_with_interval
 from reterm.trajectory import Outcome, write_json_atomic
@@ -86,24 +82,6 @@ def power_plan(n_tasks: int, psi: float, delta: float) -> dict[str, Any]:
     the pairs, so the real n can be lower)."""
     return {"psi_assumed": psi, "delta": delta, "n_needed": items_needed(psi, delta), "n_planned": n_tasks,
             "min_detectable_at_planned": min_detectable(psi, n_tasks)}  # fmt: skip
-
-
-def _done(attempt: Any) -> int | None:
-    """Stages done by an attempt (its verifier's ``STAGES DONE`` line), ``None`` without one."""
-    sd = stages_done(attempt.trajectory.metadata.get("verifier_output_tail"))
-    return None if sd is None else sd[0]
-
-
-def chain_most_progress(attempts: list[Any]) -> Any | None:
-    """The failed attempt with the most stages done (a chain's verifier report), ties broken by
-    :func:`most_progress`; plain :func:`most_progress` when no failed attempt has the report. ``None``: no failed
-    attempt with a step."""
-    failed = [a for a in attempts if a.failed and a.trajectory.steps]
-    known = [(d, a) for a in failed if (d := _done(a)) is not None]
-    if not known:
-        return most_progress(attempts)
-    best = max(d for d, _ in known)
-    return most_progress([a for d, a in known if d == best])
 
 
 def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict[str, Any]:
