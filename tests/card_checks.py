@@ -22,7 +22,8 @@ DIFF = re.compile(r"^- (.+ - .+), (\S+): ([+-]\d+\.\d+) \[([+-]\d+\.\d+), ([+-]\
 # the columns of the drills table (reterm.eval.drills.report): (results key, sub-key)
 DRILL_COLUMNS = [("pass_at_1", "drills_id"), ("pass_at_1", "drills_ood"), ("recovery_at_1", "drills_id"),
                  ("recovery_at_1", "drills_ood"), ("valid_tool_call_rate", None), ("recovery_own", "recovery_at_1"),
-                 ("recovery_own", "fatal_attempt_rate"), ("recovery_at_1", "multistage_own")]  # fmt: skip
+                 ("recovery_own", "fatal_attempt_rate"), ("recovery_at_1", "multistage_own"),
+                 ("pass_at_1", "multistage_start")]  # fmt: skip
 
 
 def table(text: str, header_start: str) -> dict[str, list[str]]:
