@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-from reterm.precision import cpu_bf16_fast
+from cpu_budget import needs_bf16_or_asked
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ["mkdir-parent", "exec-bit", "python-alias", "wc-number", "copy-dir"]
@@ -61,15 +59,9 @@ async def _after_first_mistake(task_dirs: list[Path]) -> list[list[dict]]:
     return [a.trajectory.to_messages() for a in attempts]
 
 
-# 32 SFT steps in fp32 took about 24 minutes on 2 AVX2-only cores (AMD EPYC, 2026-12-06: a quarter of CI's
-# 90-minute limit on such a machine); with bf16 arithmetic (AMX, AVX-512 BF16) a few minutes. Where the CPU has
-# none, the test runs only when asked (RETERM_FP32_SLOW_TESTS=1); the behaviour it checks does not depend on it.
-_FP32_ONLY = not cpu_bf16_fast() and os.environ.get("RETERM_FP32_SLOW_TESTS") != "1"
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.skipif(_FP32_ONLY, reason="no bf16 arithmetic on this CPU: ~24 min in fp32 (RETERM_FP32_SLOW_TESTS=1 runs it)")
+@needs_bf16_or_asked
 def test_a_few_sft_steps_raise_valid_first_tool_calls_on_held_out_drills(tmp_path):
     from reterm.agent.episode import load_task
     from reterm.agent.protocol import TOOLS, initial_messages
