@@ -84,6 +84,19 @@ def power_plan(n_tasks: int, psi: float, delta: float) -> dict[str, Any]:
             "min_detectable_at_planned": min_detectable(psi, n_tasks)}  # fmt: skip
 
 
+def _paired_signal(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """Per task, whether its group from the task start and its group from the failure state had signal (1.0/0.0),
+    over the tasks whose two groups each scored at least 2 attempts: the pairs :func:`paired_bootstrap` compares."""
+    a, b = [], []
+    for r in rows:
+        ka, sa = group_signal(r["task_start"]["rewards"])
+        kb, sb = group_signal(r["failure_state"]["rewards"])
+        if ka >= 2 and kb >= 2:
+            a.append(float(sa))
+            b.append(float(sb))
+    return a, b
+
+
 def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict[str, Any]:
     """The experiment's metrics from its ``groups.jsonl`` rows (see the module docstring).
 
@@ -106,13 +119,7 @@ def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict
     out["infra_faults"] = sum(x is None for r in rows for x in r["task_start"]["rewards"]) + sum(
         x is None for r in fail_rows for x in r["failure_state"]["rewards"])
     # paired over tasks whose both groups were scored
-    a, b = [], []
-    for r in fail_rows:
-        ka, sa = group_signal(r["task_start"]["rewards"])
-        kb, sb = group_signal(r["failure_state"]["rewards"])
-        if ka >= 2 and kb >= 2:
-            a.append(float(sa))
-            b.append(float(sb))
+    a, b = _paired_signal(fail_rows)
     diff = paired_bootstrap(a, b)
     psi = (sum(x != y for x, y in zip(a, b)) / len(a)) if a else 0.0
     diff.update(discordance=round(psi, 4), min_detectable_80=min_detectable(psi, len(a)),
@@ -131,13 +138,7 @@ def summarize(rows: list[dict[str, Any]], *, planned_delta: float = 0.2) -> dict
             by_done[str(r["failure_state"]["stages_done"])].append(r)
     out["by_stages_done"] = {}
     for j, rs in sorted(by_done.items(), key=lambda kv: int(kv[0])):
-        pa, pb = [], []
-        for r in rs:
-            ka, sa = group_signal(r["task_start"]["rewards"])
-            kb, sb = group_signal(r["failure_state"]["rewards"])
-            if ka >= 2 and kb >= 2:
-                pa.append(float(sa))
-                pb.append(float(sb))
+        pa, pb = _paired_signal(rs)
         out["by_stages_done"][j] = {
             "tasks": len(rs),
             "pass_rate": {arm: rate([x for r in rs for x in r[arm]["rewards"] if x is not None]) for arm in ARMS},
