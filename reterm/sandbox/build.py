@@ -210,7 +210,7 @@ def _failure_path(key: str) -> Path:
 
 
 def cached_failure(key: str) -> dict | None:
-    """The recorded failure of the build ``key`` (``{"reason", "failed_at", "build_s"}``) while it is younger than
+    """The recorded failure of the build ``key`` (``{"reason", "dockerfile", "failed_at", "build_s"}``) while it is younger than
     :data:`FAILED_BUILD_TTL_S`, else ``None``."""
     try:
         rec = json.loads(_failure_path(key).read_text())
@@ -223,8 +223,10 @@ def cached_failure(key: str) -> dict | None:
 
 def _raise_cached(rec: dict, dockerfile: Path) -> None:
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(rec["failed_at"])))
+    # the same build (same key) may come from another copy of the task: name the Dockerfile being built now
+    reason = rec["reason"].replace(rec["dockerfile"], str(dockerfile)) if rec.get("dockerfile") else rec["reason"]
     raise SandboxBuildFailedError(
-        f"{rec['reason']}\n(the build of {dockerfile} failed at {when} after {rec.get('build_s', '?')} s and is not "
+        f"{reason}\n(the build of {dockerfile} failed at {when} after {rec.get('build_s', '?')} s and is not "
         "retried for a day: pass force_build (harbor run --force-build) to build it again)"
     )
 
@@ -304,7 +306,8 @@ async def ensure_layer(
             meta = await _Builder(dockerfile, context, base, tmp, log).run(instructions)
         except SandboxBuildFailedError as exc:  # a step failed: remembered, so the next trial does not redo it
             rmtree_writable(tmp)
-            rec = {"reason": str(exc), "failed_at": time.time(), "build_s": round(time.monotonic() - t0, 2)}
+            rec = {"reason": str(exc), "dockerfile": str(dockerfile), "failed_at": time.time(),
+                   "build_s": round(time.monotonic() - t0, 2)}
             _failure_path(key).write_text(json.dumps(rec, indent=1))
             raise
         except BaseException:
