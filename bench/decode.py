@@ -19,13 +19,18 @@ Measured, in this order:
    today's path then the loop, ``--reps`` rounds interleaved so that the machine's load hits both alike; the
    greedy tokens of both are compared (rows differing).
 
+``--int8`` adds a third path, the loop with int8 copies of the linear layers (:mod:`reterm.policies.int8_weights`),
+in steps 2 and 4 (interleaved with the others), and the rows whose greedy tokens differ from today's path.
+
 Ends with one JSON line: ``decode_over_read`` (loop's step ms over the time to read the weights and the rows' KV
-cache once at the measured bandwidth), ``prefill_share_of_peak`` (prefill tokens/s x FLOPs a token over the
+cache once at the measured bandwidth), ``decode_floor_over_read`` (the step's arithmetic at the measured matmul
+peak over that same read time: the least ``decode_over_read`` float32 arithmetic allows on this machine), ``prefill_share_of_peak`` (prefill tokens/s x FLOPs a token over the
 measured peak; FLOPs a token: 2 x non-embedding parameters + 4 x layers x query width x mean context),
 ``speedup`` (today's whole-generation wall over the loop's, medians), the step times, the CPU flags and
-``rows_differing``.
+``rows_differing``; with ``--int8`` also ``speedup_int8``, ``step_ms_int8``, ``decode_over_read_int8`` (against
+the int8 weights' read time) and ``rows_differing_int8``.
 
-Usage: ``python bench/decode.py [--rows 32] [--new-tokens 96] [--reps 2] [--steps 5] [--profile]``
+Usage: ``python bench/decode.py [--rows 32] [--new-tokens 96] [--reps 2] [--steps 5] [--profile] [--int8]``
 """
 
 from __future__ import annotations
@@ -80,8 +85,10 @@ def prompts_of(policy, rows: int) -> list[list[int]]:
     return [policy.prompt_ids(initial_messages(t), TOOLS) for t in instructions]
 
 
-def step_times(torch, model, prompts, pad: int, steps: int, profile: bool) -> tuple[float, float, dict | None]:
-    """Median ms of a decoding step at ``len(prompts)`` rows after their prefill: today's, the loop's."""
+def step_times(torch, model, prompts, pad: int, steps: int, profile: bool,
+               int8: bool = False) -> tuple[float, float, float | None, dict | None]:  # fmt: skip
+    """Median ms of a decoding step at ``len(prompts)`` rows after their prefill: today's, the loop's, the loop's
+    with int8 weights (``None`` without ``int8``); and the profile split."""
     from reterm.policies import llama_decode
     from reterm.policies.kv_cache import _reserved_cache
 
@@ -92,7 +99,12 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool) -> tu
         ids[i, W - len(p) :] = torch.tensor(p)
         att[i, W - len(p) :] = 1
     pos = (att.cumsum(-1) - 1).masked_fill(att == 0, 1)
-    old, new = [], []
+    old, new, new8 = [], [], []
+    w8 = None
+    if int8:
+        from reterm.policies import int8_weights
+
+        w8 = int8_weights.for_model(model)
     with torch.inference_mode():
         cache = _reserved_cache(model, W + steps + 3)
         model(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True,
@@ -111,13 +123,18 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool) -> tu
             dt_new = _timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask))
             dt_old = _timed(lambda: model(input_ids=tok[:, None], attention_mask=a, position_ids=(last + 1 + s)[:, None],
                                           cache=cache2, use_cache=True))  # fmt: skip
+            dt_8 = _timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask, w8)) \
+                if w8 is not None else None  # fmt: skip
             if s:
                 new.append(dt_new)
                 old.append(dt_old)
+                if dt_8 is not None:
+                    new8.append(dt_8)
         split = None
         if profile:
             split = _profile(torch, lambda: llama_decode._step(model, tok, last + 1, keys, values, W, mask))
-    return statistics.median(old) * 1e3, statistics.median(new) * 1e3, split
+    return (statistics.median(old) * 1e3, statistics.median(new) * 1e3,
+            statistics.median(new8) * 1e3 if new8 else None, split)  # fmt: skip
 
 
 def _profile(torch, fn) -> dict:
@@ -150,6 +167,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--int8", action="store_true", help="also the loop with int8 weights (reterm.policies.int8_weights)")
     args = p.parse_args()
 
     from reterm.generation import apply_thread_policy
@@ -169,14 +187,28 @@ def main() -> None:
     bw, peak = machine(torch)
     _say(f"read {bw:.1f} GB/s, fp32 matmul {peak:.0f} GFLOP/s")
 
-    old_ms, new_ms, split = step_times(torch, model, prompts, policy.pad_token_id, args.steps, args.profile)
-    _say(f"decode step at {B} rows x {W}: today {old_ms:.0f} ms, loop {new_ms:.0f} ms; profile {split}")
+    old_ms, new_ms, int8_ms, split = step_times(torch, model, prompts, policy.pad_token_id, args.steps, args.profile,
+                                                args.int8)  # fmt: skip
+    _say(f"decode step at {B} rows x {W}: today {old_ms:.0f} ms, loop {new_ms:.0f} ms"
+         + (f", loop int8 {int8_ms:.0f} ms" if int8_ms else "") + f"; profile {split}")  # fmt: skip
     elt = next(model.parameters()).element_size()
     weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())  # tied embedding counted once
     hkv = cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_bytes = 2 * cfg.num_hidden_layers * hkv * d * elt * B * W
     read_ms = (weight_bytes + kv_bytes) / (bw * 1e9) * 1e3
+    embed_w = model.get_input_embeddings().weight
+    head_w = model.get_output_embeddings().weight
+    linear_params = sum(t.numel() for t in model.parameters() if t.dim() == 2 and t is not embed_w)
+    tied = head_w is embed_w
+    # a decoding step's arithmetic: every linear layer and the LM head once per row, attention over the context
+    step_flops = B * (2 * (linear_params + (head_w.numel() if tied else 0))
+                      + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * d * W)  # fmt: skip
+    floor_ms = step_flops / (peak * 1e9) * 1e3
+    # the int8 path reads 1 byte per linear-layer weight (LM head included) and the norms as they are
+    norm_bytes = sum(t.numel() * t.element_size() for t in model.parameters() if t.dim() == 1)
+    int8_bytes = linear_params + (head_w.numel() if tied else 0) + norm_bytes
+    read8_ms = (int8_bytes + kv_bytes) / (bw * 1e9) * 1e3
 
     with torch.inference_mode():
         ids = torch.full((B, W), policy.pad_token_id, dtype=torch.long)
@@ -193,31 +225,41 @@ def main() -> None:
     prefill_tps = real / prefill_s
     _say(f"prefill {prefill_tps:.0f} real tokens/s ({B}x{W} padded in {prefill_s:.1f} s)")
 
-    walls: dict[bool, list[float]] = {False: [], True: []}
-    ids_of: dict[bool, list[list[int]]] = {}
+    paths = {"today": dict(fast_decode=False), "loop": dict(fast_decode=True)}
+    if args.int8:
+        paths["int8"] = dict(fast_decode=True, decode_weights="int8")
+    walls: dict[str, list[float]] = {k: [] for k in paths}
+    ids_of: dict[str, list[list[int]]] = {}
     stops = set(policy.stop_token_ids)
     for rep in range(args.reps):
-        for fast in (False, True):
-            kv = PrefixKVCache(fast_decode=fast)
+        for name, kw in paths.items():
+            kv = PrefixKVCache(**kw)
             t = time.perf_counter()
             out = kv.generate(model, prompts, max_new_tokens=args.new_tokens, stop_token_ids=policy.stop_token_ids,
                               pad_token_id=policy.pad_token_id, generation_kwargs={"do_sample": False})  # fmt: skip
-            walls[fast].append(time.perf_counter() - t)
-            ids_of[fast] = [cut_at_stop(r, stops)[0] for r in out.new_ids.tolist()]
-            _say(f"  round {rep + 1}/{args.reps} {'loop ' if fast else 'today'}: {walls[fast][-1]:.1f} s")
-    differ = sum(a != b for a, b in zip(ids_of[False], ids_of[True]))
+            walls[name].append(time.perf_counter() - t)
+            ids_of[name] = [cut_at_stop(r, stops)[0] for r in out.new_ids.tolist()]
+            _say(f"  round {rep + 1}/{args.reps} {name:5}: {walls[name][-1]:.1f} s")
+    differ = sum(a != b for a, b in zip(ids_of["today"], ids_of["loop"]))
     med = {k: statistics.median(v) for k, v in walls.items()}
-    lengths = [len(r) for r in ids_of[True]]
+    lengths = [len(r) for r in ids_of["loop"]]
+    extra = {}
+    if args.int8:
+        extra = {"speedup_int8": round(med["today"] / med["int8"], 2), "step_ms_int8": round(int8_ms, 1),
+                 "decode_over_read_int8": round(int8_ms / read8_ms, 2), "read_ms_int8": round(read8_ms, 1),
+                 "wall_s_int8": [round(w, 1) for w in walls["int8"]],
+                 "rows_differing_int8": sum(a != b for a, b in zip(ids_of["today"], ids_of["int8"]))}  # fmt: skip
     print(json.dumps({
         "decode_over_read": round(new_ms / read_ms, 2),
+        "decode_floor_over_read": round(floor_ms / read_ms, 2),
         "prefill_share_of_peak": round(prefill_tps * flops_token / (peak * 1e9), 3),
-        "speedup": round(med[False] / med[True], 2),
+        "speedup": round(med["today"] / med["loop"], 2),
         "step_ms_today": round(old_ms, 1), "step_ms_loop": round(new_ms, 1), "read_ms": round(read_ms, 1),
         "read_gb_s": round(bw, 1), "matmul_gflop_s": round(peak, 1), "prefill_tokens_s": round(prefill_tps, 1),
-        "wall_s_today": [round(w, 1) for w in walls[False]], "wall_s_loop": [round(w, 1) for w in walls[True]],
+        "wall_s_today": [round(w, 1) for w in walls["today"]], "wall_s_loop": [round(w, 1) for w in walls["loop"]],
         "rows": B, "width": W, "new_tokens": args.new_tokens, "reply_tokens_mean": round(sum(lengths) / B, 1),
         "reply_tokens_max": max(lengths), "rows_differing": differ, "dtype": str(policy.dtype),
-        "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(), "profile_ms": split,
+        "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(), "profile_ms": split, **extra,
     }))  # fmt: skip
 
 

@@ -157,3 +157,38 @@ def test_rollouts_follow_the_merged_copy_after_an_optimiser_step():
     assert after != before
     with torch.no_grad():
         assert after == gen(model, False)  # the LoRA model itself, through model.generate
+
+
+def test_int8_decoding_reads_the_prompt_in_float_and_follows_the_weights(smol):
+    """``decode_weights="int8"``: the prompt is read by the model's own float32 forward (the first token's logits are
+    float32's, bit for bit), the decoding steps multiply by int8 copies (close to float32's logits, not equal: the
+    greedy tokens may part later), and the copies are rebuilt after a weight changes in place (an optimiser step)."""
+    from reterm.policies import int8_weights
+
+    prompts, stops = _prompts(smol), smol.stop_token_ids
+    _, ref = _run(smol, prompts, True, stops, output_logits=True)
+    kv8 = PrefixKVCache(decode_weights="int8")
+    _, q = _run(smol, prompts, True, stops, kv=kv8, output_logits=True)
+    assert kv8.fast_calls == 1
+    assert torch.equal(q.logits[0], ref.logits[0])
+    assert [r[0] for r in q.new_ids.tolist()] == [r[0] for r in ref.new_ids.tolist()]
+    rel = ((q.logits[1] - ref.logits[1]).norm(dim=-1) / ref.logits[1].norm(dim=-1)).tolist()
+    assert all(0 < e < 0.3 for e in rel), rel  # int8 arithmetic: near float32's second-step logits, not equal
+    w8 = int8_weights.for_model(smol.model)
+    assert int8_weights.for_model(smol.model) is w8  # unchanged weights: the same copies
+    layer = smol.model.model.layers[0].mlp.down_proj
+    w = layer.weight
+    with torch.no_grad():
+        saved = w.clone()
+        w.mul_(2.0)
+        try:
+            rebuilt = int8_weights.for_model(smol.model)
+            assert rebuilt is not w8
+            x = torch.randn(3, w.shape[1])
+            exact = x @ w.t()
+            err = (rebuilt(layer, x) - exact).norm() / exact.norm()
+            assert err < 0.05, err  # the doubled weights' product, to int8 precision
+        finally:
+            w.copy_(saved)
+    with pytest.raises(ValueError, match="decode_weights"):
+        PrefixKVCache(decode_weights="int4")

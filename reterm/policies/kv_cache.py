@@ -226,18 +226,27 @@ class PrefixKVCache:
             cache written in place, grouped-head attention, finished rows dropped from the batch) instead of
             ``model.generate``; other models and settings it does not reproduce always use ``model.generate``.
             ``False`` is the reference path (``bench/decode.py`` compares the two).
+        decode_weights: ``"float"`` (the model's weights) or ``"int8"``: that loop's decoding steps multiply by
+            int8 copies of the linear layers (:mod:`reterm.policies.int8_weights`; faster on a CPU, greedy tokens
+            can differ; float32 models only). Ignored where the loop does not run.
 
     The cache belongs to one model's weights: call :meth:`clear` after the weights change (a training step).
     """
 
     def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
-                 max_idle_calls: int = 16, early_release: bool = True, fast_decode: bool = True) -> None:  # fmt: skip
+                 max_idle_calls: int = 16, early_release: bool = True, fast_decode: bool = True,
+                 decode_weights: str = "float") -> None:  # fmt: skip
+        from reterm.policies.int8_weights import DECODE_WEIGHTS
+
+        if decode_weights not in DECODE_WEIGHTS:
+            raise ValueError(f"PrefixKVCache: decode_weights must be one of {DECODE_WEIGHTS}, got {decode_weights!r}")
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
             raise ValueError(f"PrefixKVCache: max_bytes/max_entries must be >= 0 and max_idle_calls >= 1, got "
                              f"{max_bytes}, {max_entries}, {max_idle_calls}")  # fmt: skip
         self.enabled = enabled
         self.early_release = early_release
         self.fast_decode = fast_decode
+        self.decode_weights = decode_weights
         self.max_bytes, self.max_entries, self.max_idle_calls = max_bytes, max_entries, max_idle_calls
         self._entries: list[_Entry] = []
         self._calls = 0
@@ -447,7 +456,7 @@ class PrefixKVCache:
                     model, input_ids.to(device), attention.to(device), cache, cached_columns,
                     max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids), pad_token_id=pad_token_id,
                     sampling=llama_decode.sampling_of(model, generation_kwargs), output_logits=output_logits,
-                    keep_states=self.enabled)  # fmt: skip
+                    keep_states=self.enabled, int8=self.decode_weights == "int8")  # fmt: skip
             fed = [len(p) - r for p, r in zip(prompts, reused)]
             self.reused_tokens += sum(reused)
             self.fed_tokens += sum(fed)

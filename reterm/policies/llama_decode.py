@@ -82,6 +82,9 @@ def supports(model: Any) -> bool:
         attn = getattr(layer, "self_attn", None)
         if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")):
             return False
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return False
     return True
 
 
@@ -161,11 +164,20 @@ def _rotate(x: Any, cos: Any, sin: Any) -> Any:
     return (x * cos) + (rotated * sin)
 
 
-def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list[Any], col: int, mask: Any) -> Any:
+def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list[Any], col: int, mask: Any,
+          int8: Any = None) -> Any:
     """One decoding step of ``b`` rows: feed ``tokens`` ``(b,)`` at ``positions`` ``(b,)``, write their keys and
     values into column ``col`` of each layer's ``keys``/``values`` ``(b, kv_heads, capacity, head_dim)``, attend
-    to columns ``[0, col]`` under the additive ``mask`` ``(b, capacity)``; returns the logits ``(b, V)``."""
+    to columns ``[0, col]`` under the additive ``mask`` ``(b, capacity)``; returns the logits ``(b, V)``. With
+    ``int8`` (:class:`reterm.policies.int8_weights.Int8Linears` of this model) the linear layers and LM head
+    multiply by its int8 weights."""
     import torch
+
+    if int8 is None:
+        def lin(module: Any, x: Any) -> Any:
+            return module(x)
+    else:
+        lin = int8
 
     inner = model.model
     cfg = model.config
@@ -181,9 +193,9 @@ def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list
     for li, layer in enumerate(inner.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = _rotate(attn.q_proj(x).view(b, hq, d), cos, sin)
-        k = _rotate(attn.k_proj(x).view(b, hkv, d), cos, sin)
-        v = attn.v_proj(x).view(b, hkv, d)
+        q = _rotate(lin(attn.q_proj, x).view(b, hq, d), cos, sin)
+        k = _rotate(lin(attn.k_proj, x).view(b, hkv, d), cos, sin)
+        v = lin(attn.v_proj, x).view(b, hkv, d)
         K, V = keys[li], values[li]
         K[:, :, col] = k
         V[:, :, col] = v
@@ -191,8 +203,12 @@ def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list
         scores = torch.matmul(q, K[:, :, :n].transpose(-1, -2)) * attn.scaling  # (b, hkv, rep, n)
         probs = torch.softmax(scores + bias, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, V[:, :, :n]).reshape(b, hq * d)
-        h = h + attn.o_proj(out)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + lin(attn.o_proj, out)
+        mlp = layer.mlp
+        x = layer.post_attention_layernorm(h)
+        h = h + lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))
+    if int8 is not None:
+        return int8(model.lm_head, inner.norm(h)).float()
     return _head(model.lm_head, inner.norm(h)).float()
 
 
@@ -215,7 +231,7 @@ def _head(head: Any, x: Any) -> Any:
 
 def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached_columns: int, *,
              max_new_tokens: int, stop_token_ids: list[int], pad_token_id: int, sampling: Sampling,
-             output_logits: bool = False, keep_states: bool = False) -> LoopOutput:  # fmt: skip
+             output_logits: bool = False, keep_states: bool = False, int8: bool = False) -> LoopOutput:  # fmt: skip
     """Generate up to ``max_new_tokens`` tokens for each row of a left-padded batch.
 
     Args:
@@ -230,12 +246,15 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
         sampling: :func:`sampling_of`'s result.
         output_logits: also return each step's raw logits.
         keep_states: also return each row's key/value states (for the prefix store).
+        int8: decoding steps multiply by int8 copies of the linear layers and LM head
+            (:mod:`reterm.policies.int8_weights`; the prompt is read in the model's own precision).
 
     Returns:
         :class:`LoopOutput`.
 
     Raises:
-        ValueError: no column left to read (``cached_columns >= W``) or ``max_new_tokens < 1``.
+        ValueError: no column left to read (``cached_columns >= W``), ``max_new_tokens < 1``, or ``int8`` with a
+            model whose weights are not float32.
     """
     import torch
 
@@ -243,6 +262,14 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     if cached_columns >= W or max_new_tokens < 1:
         raise ValueError(f"llama_decode.generate: cached_columns={cached_columns} of W={W}, "
                          f"max_new_tokens={max_new_tokens}")  # fmt: skip
+    w8 = None
+    if int8:
+        if model.lm_head.weight.dtype != torch.float32:
+            raise ValueError(f"llama_decode.generate: int8 decoding needs float32 weights, the model has "
+                             f"{model.lm_head.weight.dtype}")  # fmt: skip
+        from reterm.policies import int8_weights
+
+        w8 = int8_weights.for_model(model)
     device = input_ids.device
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     out = model(input_ids=input_ids[:, cached_columns:], attention_mask=attention_mask,
@@ -303,7 +330,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
             mask = mask.index_select(0, idx)
             compactions += 1
         pos = pos + 1
-        logits = _step(model, tok, pos, keys, values, col, mask)
+        logits = _step(model, tok, pos, keys, values, col, mask, w8)
     steps = int(produced.max())
     return LoopOutput(new_ids=new_ids[:, :steps], logits=tuple(step_logits[:steps]) if output_logits else None,
                       states=states if keep_states else None, compactions=compactions)

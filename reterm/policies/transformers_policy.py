@@ -128,6 +128,9 @@ class TransformersPolicy:
         kv_cache: keep each conversation's key/value states between turns (same greedy tokens, far fewer
             tokens read per turn); ``False`` re-reads every prompt.
         kv_cache_bytes: bound on the key/value bytes kept (least recently used conversations go first).
+        decode_weights: ``"float"`` (default) or ``"int8"``: decode a Llama model (SmolLM2) with int8 copies of
+            its linear layers (about 2x faster decoding on a CPU; greedy tokens can differ, ``bench/decode.py
+            --int8`` counts them; :mod:`reterm.policies.int8_weights`). Prompts are read in ``dtype``.
 
     Attributes:
         call_format: ``"qwen"`` when the chat template renders Qwen3.5's ``<function=...>`` calls, else
@@ -160,6 +163,7 @@ class TransformersPolicy:
         trust_remote_code: bool = False,
         kv_cache: bool = True,
         kv_cache_bytes: int = DEFAULT_MAX_BYTES,
+        decode_weights: str = "float",
     ) -> None:
         import torch
 
@@ -206,7 +210,7 @@ class TransformersPolicy:
         self.pad_token_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         )
-        self.kv_cache = PrefixKVCache(enabled=kv_cache, max_bytes=kv_cache_bytes)
+        self.kv_cache = PrefixKVCache(enabled=kv_cache, max_bytes=kv_cache_bytes, decode_weights=decode_weights)
 
     # ------------------------------------------------------------------------------ loading
     @staticmethod
