@@ -159,9 +159,9 @@ def test_stage_lists_are_run_all_s():
     want = stages()
     # run_all.sh's own header
     (header,) = re.findall(r"^# Stages, in order.*?\n(.*?)^# Resuming", RUN_ALL, re.M | re.S)
-    assert re.findall(r"^#   ([a-z-]+) ", header, re.M) == want, "train/run_all.sh header"
+    assert re.findall(r"^#   ([a-z0-9-]+) ", header, re.M) == want, "train/run_all.sh header"
     # README: the list after `--from eval`
-    (listed,) = re.findall(r"re-run from a stage on \(([a-z -]+)\)", DOCS["README.md"])
+    (listed,) = re.findall(r"re-run from a stage on \(([a-z0-9 -]+)\)", DOCS["README.md"])
     assert listed.split() == want, "README.md: the stages after --from"
     # docs/ARCHITECTURE.md: the chain `setup → drills → ... → summary`
     (chain,) = re.findall(r"^setup → .*?\s→ summary", DOCS["docs/ARCHITECTURE.md"], re.M | re.S)
@@ -172,11 +172,15 @@ def test_stage_lists_are_run_all_s():
     assert names == want, "docs/ARCHITECTURE.md: the stage chain"
     # docs/REPRODUCING.md: the stage table
     (table,) = re.findall(r"^\| stage \| what it does \|.*?\n\|[-|]+\n(.*?)\n\n", DOCS["docs/REPRODUCING.md"], re.M | re.S)
-    assert re.findall(r"^\| ([a-z-]+) \|", table, re.M) == want, "docs/REPRODUCING.md: the stage table"
+    assert re.findall(r"^\| ([a-z0-9-]+) \|", table, re.M) == want, "docs/REPRODUCING.md: the stage table"
     # README's run-folder tree has a line for the folder of each stage that writes one under RUN
     tree = DOCS["README.md"].split("```\nruns/smollm2-135m/\n", 1)[1].split("```", 1)[0]
-    for folder in re.findall(r'stage [a-z-]+ "\$RUN/([a-z-]+)"', RUN_ALL) + ["data-mined"]:
+    # (the GRPO stages' folders also at each further seed: "$RUN/grpo-reterm$S" is RUN/grpo-reterm-s43 too)
+    seeds = [s.rsplit("-", 1)[1] for s in want if re.search(r"-s\d+$", s)]
+    for folder, seeded in re.findall(r'stage "?[a-z-]+(?:\$S)?"? "\$RUN/([a-z-]+)(\$S)?"', RUN_ALL) + [("data-mined", "")]:
         assert re.search(rf"^  {folder}/", tree, re.M), f"README.md: the run-folder tree lacks {folder}/"
+        for seed in seeds if seeded else []:
+            assert re.search(rf"^  (.*, )?{folder}-{seed}/", tree, re.M), f"README.md: the tree lacks {folder}-{seed}/"
 
 
 def test_no_budget_is_claimed_for_the_default_in_minutes_without_a_run():

@@ -159,3 +159,79 @@ def test_the_mechanism_on_chains_reaches_summary_json_and_the_section(tmp_path):
     assert f"{got['power_plan']['n_needed']} paired tasks for 80% power" in body
     md = (run / "summary.md").read_text()
     assert "- failure state with 3 stages done (4 tasks)" in md and "planned before the run" in md
+
+
+def _two_seed_run(tmp_path: Path, seeds: tuple[str, ...]) -> tuple[Path, dict]:
+    """A run folder whose evaluation paired the GRPO arms of each seed in ``seeds`` ("" = the recipes' seed, "-s43")
+    with each other and with SFT (the differences made by ``reterm.eval.drills.compare`` from per-item outcomes on
+    30 chains), and whose GRPO runs wrote training summaries with their diagnostics."""
+    from reterm.eval.drills import compare
+    from reterm.stats import rate
+
+    run = tmp_path / "runs" / "smollm2-135m"
+    names = ["sft"] + [f"{arm}{s}" for s in seeds for arm in ("grpo-standard", "grpo-reterm")]
+    models = {}
+    for i, name in enumerate(names):  # model i passes the items j with (j + i) % 5 < 1 + i % 3
+        outcomes = {f"chain4-{j:03d}": float((j + i) % 5 < 1 + i % 3) for j in range(30)}
+        per = {"recovery_at_1/multistage_own": outcomes, "pass_at_1/multistage_start": dict(outcomes)}
+        write_json_atomic(run / "eval" / name / "per_item.json", per)
+        models[name] = {"pass_at_1": {"multistage_start": rate(list(outcomes.values()))},
+                        "recovery_at_1": {"multistage_own": rate(list(outcomes.values()))}}  # fmt: skip
+        if name != "sft":
+            seed = 43 if name.endswith("-s43") else 42
+            write_json_atomic(run / name / "training_summary.json", {
+                "steps": 15, "attempts": 120, "groups": 30, "zero_variance_groups": 10 + i,
+                "hyperparameters": {"seed": seed}, "kl_to_start": {"kl_k1": 0.01 * i, "kl_k3": 0.02 * i, "tokens": 900,
+                                                                   "attempts": 16},
+                "diagnostics": {"grad_norm": {"mean": 0.5 + i, "max": 1.5 + i, "n": 15}}})  # fmt: skip
+    pairs = [(f"grpo-reterm{s}", f"grpo-standard{s}") for s in seeds if s] + \
+        [(f"{arm}{s}", "sft") for s in seeds if s for arm in ("grpo-reterm", "grpo-standard")]
+    results = {"models": models, "differences": compare(run / "eval", names, pairs)}
+    write_json_atomic(run / "eval" / "results.json", results)
+    assert run_summary.summary(run, ["grpo", "grpo-standard", "grpo-s43", "grpo-standard-s43", "eval"]) == 0
+    return run, results
+
+
+def test_summary_reports_each_seed_s_differences_and_diagnostics(tmp_path):
+    run, results = _two_seed_run(tmp_path, ("", "-s43"))
+    summary = json.loads((run / "summary.json").read_text())
+    seeds = summary["seeds"]
+    assert list(seeds) == ["42", "43"]  # the recipes' seed read from the training summaries, then the extra one
+    for seed, sfx in (("42", ""), ("43", "-s43")):
+        v = seeds[seed]
+        assert v["runs"] == {"grpo-reterm": f"grpo-reterm{sfx}", "grpo-standard": f"grpo-standard{sfx}"}
+        assert v["differences"] == {
+            "grpo-reterm - grpo-standard": results["differences"][f"grpo-reterm{sfx} - grpo-standard{sfx}"],
+            "grpo-reterm - sft": results["differences"][f"grpo-reterm{sfx} - sft"],
+            "grpo-standard - sft": results["differences"][f"grpo-standard{sfx} - sft"]}  # fmt: skip
+        for arm in ("grpo-reterm", "grpo-standard"):
+            ts = json.loads((run / f"{arm}{sfx}" / "training_summary.json").read_text())
+            assert v["diagnostics"][arm] == {"zero_variance_group_share": round(ts["zero_variance_groups"] / 30, 3),
+                                             "kl_to_start": ts["kl_to_start"],
+                                             "grad_norm": ts["diagnostics"]["grad_norm"]}  # fmt: skip
+    assert summary["models"]["grpo-reterm-s43"]["label"] == "ReTerm-GRPO (seed 43)"
+    # summary.md: a row per seed and pair, the two metrics of the issue with interval and power
+    md = (run / "summary.md").read_text()
+    d = results["differences"]["grpo-reterm-s43 - grpo-standard-s43"]
+    cells = [run_summary._diff_cell(d[k]) for k in run_summary.SEED_KEYS]
+    assert f"| 43 | grpo-reterm - grpo-standard | {cells[0]} | {cells[1]} |" in md
+    assert cells[0].startswith(f"{d['recovery_at_1/multistage_own']['diff']:+.3f} [") and "MDE 0." in cells[0]
+    assert "| standard GRPO (seed 43) |" in md and "| ReTerm-GRPO (seed 43) |" in md
+    # docs/RESULTS.md's section: both seeds' rows, pairs and diagnostics
+    body = measured.section(summary, None, "default", "smollm2-135m", "summary.json")
+    assert "| ReTerm-GRPO (seed 43) | " in body and "| standard GRPO (seed 43) | " in body
+    assert "- grpo-reterm-s43 - grpo-standard-s43, recovery_at_1/multistage_own: " in body
+    for seed, sfx in (("42", ""), ("43", "-s43")):
+        ts = json.loads((run / f"grpo-reterm{sfx}" / "training_summary.json").read_text())
+        zv, kl, gn = ts["zero_variance_groups"] / ts["groups"], ts["kl_to_start"]["kl_k3"], ts["diagnostics"]["grad_norm"]
+        assert f"| {seed} | ReTerm-GRPO | {zv:.2f} | {kl:.3g} | {gn['mean']:.3g} ({gn['max']:.3g}) |" in md
+        assert (f"- seed {seed}, ReTerm-GRPO: zero-variance group share {zv:.2f}, KL to start {kl:.3g} (900 tokens), "
+                f"gradient norm {gn['mean']:.3g} ({gn['max']:.3g}; 15 steps)") in body
+
+
+def test_summary_of_a_one_seed_run_has_one_seed(tmp_path):
+    run, results = _two_seed_run(tmp_path, ("",))  # --size ci, or a run made before the second seed
+    summary = json.loads((run / "summary.json").read_text())
+    assert list(summary["seeds"]) == ["42"] and len(summary["seeds"]["42"]["differences"]) == 3
+    assert not any("-s43" in name for name in summary["models"])
+    assert "(seed 43)" not in (run / "summary.md").read_text()

@@ -28,7 +28,10 @@ import run_summary  # noqa: E402  (train/run_summary.py)
 import stages  # noqa: E402  (train/stages.py)
 
 PY = sys.executable
-STAGE_ORDER = ["setup", "drills", "data", "sft", "mechanism", "mine", "grpo", "grpo-standard", "eval", "cards", "summary"]
+# the embedded default at size default: both GRPO arms at the recipes' seed and at seed 43
+STAGE_ORDER = ["setup", "drills", "data", "sft", "mechanism", "mine", "grpo", "grpo-standard", "grpo-s43",
+               "grpo-standard-s43", "eval", "cards", "summary"]  # fmt: skip
+CI_STAGE_ORDER = [s for s in STAGE_ORDER if not s.endswith("-s43")]  # --size ci: one seed
 
 
 def _run_all(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -213,6 +216,11 @@ def test_run_all_dry_run_lists_stages_in_order_and_selects(tmp_path):
     assert _dry_stages(r.stdout) == ["eval", "cards", "summary"]
     r = _run_all("--dry-run", "--run-dir", str(tmp_path / "r"), "--only", "sft", "--only", "cards")
     assert _dry_stages(r.stdout) == ["sft", "cards", "summary"]
+    # the second seed's stages are stages like the others
+    r = _run_all("--dry-run", "--run-dir", str(tmp_path / "r"), "--only", "grpo-standard-s43")
+    assert _dry_stages(r.stdout) == ["grpo-standard-s43", "summary"]
+    r = _run_all("--dry-run", "--run-dir", str(tmp_path / "r"), "--from", "grpo-s43")
+    assert _dry_stages(r.stdout) == ["grpo-s43", "grpo-standard-s43", "eval", "cards", "summary"]
     r = _run_all("--dry-run", "--recipe", "qwen3.5-9b", "--run-dir", str(tmp_path / "q"))
     assert "accelerate launch --config_file train/accelerate_configs/zero3.yaml train/sft.py" in r.stdout
     assert "with-vllm --log-dir" in r.stdout and "--serve qwen3.5-9b=Qwen/Qwen3.5-9B@8000" in r.stdout
@@ -252,6 +260,37 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     r = _run_all("--dry-run", "--recipe", "qwen3.5-9b", "--run-dir", str(tmp_path / "q"))
     assert "--max_steps" not in r.stdout and "--num_train_epochs" not in r.stdout
     assert "pipeline.build" in r.stdout and "eval.run" in r.stdout and "tasks drills" not in r.stdout
+
+
+def test_run_all_trains_both_grpo_arms_at_two_seeds_at_size_default_only(tmp_path):
+    """Size default: grpo-s43 and grpo-standard-s43 run the commands of grpo and grpo-standard with their own output
+    folder and --seed 43, and the evaluation gets their checkpoints and the seed's three pairs. --size ci and the 9B
+    recipe train one seed: no such stage, and --only names it as not part of the run."""
+    from check_recipe import parse_dry_run  # train/check_recipe.py: run_all's --dry-run output as argv lists
+
+    run = tmp_path / "d"
+    r = _run_all("--dry-run", "--run-dir", str(run))
+    assert r.returncode == 0, r.stderr
+    cmds = parse_dry_run(r.stdout)
+    for first, second, folder in (("grpo", "grpo-s43", "grpo-reterm"), ("grpo-standard", "grpo-standard-s43", "grpo-standard")):
+        want = [f"{run}/{folder}-s43" if w == f"{run}/{folder}" else w for w in cmds[first]] + ["--seed", "43"]
+        assert f"{run}/{folder}" in cmds[first] and cmds[second] == want, second
+        assert "--seed" not in cmds[first]  # the recipes' seed
+    ev = cmds["eval"]
+    models = [ev[i + 1] for i, w in enumerate(ev) if w == "--model"]
+    assert models[-2:] == [f"grpo-standard-s43=hf:{run}/grpo-standard-s43/merged",
+                           f"grpo-reterm-s43=hf:{run}/grpo-reterm-s43/merged"]  # fmt: skip
+    assert [ev[i + 1] for i, w in enumerate(ev) if w == "--pair"] == \
+        ["grpo-reterm-s43:grpo-standard-s43", "grpo-reterm-s43:sft", "grpo-standard-s43:sft"]
+    for args in (["--size", "ci"], ["--recipe", "qwen3.5-9b"]):
+        r = _run_all("--dry-run", "--run-dir", str(tmp_path / "one"), *args)
+        assert r.returncode == 0, r.stderr
+        one = parse_dry_run(r.stdout)
+        assert list(one) == [s for s in CI_STAGE_ORDER if args[0] == "--size" or s not in ("drills", "mechanism", "mine")]
+        assert not any("--seed" in one[s] for s in ("grpo", "grpo-standard")) and "--pair" not in one["eval"], args
+        r = _run_all("--dry-run", "--run-dir", str(tmp_path / "one"), *args, "--only", "grpo-s43")
+        assert r.returncode == 2 and "stage 'grpo-s43' is not part of" in r.stderr, args
+    assert not run.exists() and not (tmp_path / "one").exists()
 
 
 def test_run_all_runs_from_any_folder(tmp_path):
@@ -435,7 +474,7 @@ def test_reduced_chain_end_to_end(tmp_path):
     run_arg = os.environ.get("RETERM_CI_RUN_DIR")
     if run_arg:
         run = REPO / run_arg
-        missing = [s for s in STAGE_ORDER[:-1] if stages.read_marker(run, s) is None]
+        missing = [s for s in CI_STAGE_ORDER[:-1] if stages.read_marker(run, s) is None]
         assert not missing and (run / "summary.json").is_file(), (
             f"RETERM_CI_RUN_DIR={run_arg}: the chain .ci/run ran there did not complete (no record of the stages "
             f"{missing}; their logs: {run / 'logs'})"
@@ -453,7 +492,7 @@ def test_reduced_chain_end_to_end(tmp_path):
     for sub in ("sft", "grpo-reterm", "grpo-standard"):
         assert (run / sub / "merged" / "config.json").is_file(), sub
         assert (run / sub / "training_summary.json").is_file(), sub
-    recs = {s: stages.read_marker(run, s) for s in STAGE_ORDER[:-1]}
+    recs = {s: stages.read_marker(run, s) for s in CI_STAGE_ORDER[:-1]}
     assert all(recs.values()), [s for s, v in recs.items() if not v]
     grpo = json.loads((run / "grpo-reterm" / "training_summary.json").read_text())
     assert grpo["mode"] == "reterm" and grpo["steps"] == 1 and _same_path(grpo["base_model"], run / "sft" / "merged")
@@ -514,7 +553,7 @@ def test_reduced_chain_end_to_end(tmp_path):
     # a second run: every completed stage is skipped, the summary is printed again
     r2 = _run_all("--size", "ci", "--run-dir", run_arg, timeout=600)
     assert r2.returncode == 0, r2.stdout[-3000:]
-    assert r2.stdout.count("skipped") == len(STAGE_ORDER) - 2  # all but setup (always checks) and summary
+    assert r2.stdout.count("skipped") == len(CI_STAGE_ORDER) - 2  # all but setup (always checks) and summary
     assert "| ReTerm-GRPO |" in r2.stdout
 
 

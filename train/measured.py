@@ -17,9 +17,10 @@ writes it; its ``provenance`` block comes from the stage records):
   config file the stage watched (its recipe) compared by content digest; stages one side has and the other
   lacks are named;
 - every figure with its n and interval: Pass@1 and Recovery@1 (in and out of distribution), valid tool calls,
-  the GRPO runs' learning-signal share (attempts in groups with differing rewards), steps and attempts, the
-  paired differences with their power, the mechanism stage's two arms and their difference, and time and peak
-  memory per stage.
+  the GRPO runs' learning-signal share (attempts in groups with differing rewards), steps and attempts (each GRPO
+  arm at each seed the run trained), the paired differences with their power (each seed's among them), the GRPO
+  runs' training diagnostics seed by seed (zero-variance groups, KL to the start, gradient norm), the mechanism
+  stage's two arms and their difference, and time and peak memory per stage.
 
 Raises (as a clear error on stderr, exit status 2): a ``summary.json`` without ``models`` or ``provenance`` (a run
 summarised before this script existed: run ``train/stages.py summary --run-dir RUN`` again), a document without the
@@ -195,7 +196,9 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
               "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
               "Recovery@1 own multi-stage states | GRPO learning-signal share | GRPO steps (attempts) |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for name, label in MODEL_LABELS.items():
+    # the four models, then each further seed's GRPO runs the run has (their labels name the seed)
+    labels = {**MODEL_LABELS, **{n: e.get("label") or n for n, e in models.items() if n not in MODEL_LABELS}}
+    for name, label in labels.items():
         e = models.get(name) or {}
         p1, r1 = e.get("pass_at_1") or {}, e.get("recovery_at_1") or {}
         sig = e.get("signal_attempt_share")
@@ -217,6 +220,17 @@ def section(summary: dict[str, Any], today: dict[str, list[str]] | None, size: s
             verdict = "no difference shown" if not d.get("excludes_zero") else ("better" if d["diff"] > 0 else "worse")
             lines.append(f"- {pair}, {key}: {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (n={d['n']}; "
                          f"{'-' if mde is None else f'{mde:.3f}'}): {verdict}")  # fmt: skip
+    diag = [(seed, arm, d) for seed, v in (summary.get("seeds") or {}).items()
+            for arm, d in (v.get("diagnostics") or {}).items()]  # fmt: skip
+    if diag:
+        lines += ["", "GRPO training diagnostics, seed by seed (KL to the start: k3 estimate per assistant token on the "
+                  "run's last attempts; gradient norm before clipping, mean (max) over the logged steps):", ""]
+        for seed, arm, d in diag:
+            zv, kl, gn = d.get("zero_variance_group_share"), d.get("kl_to_start") or {}, d.get("grad_norm") or {}
+            kl_s = "-" if kl.get("kl_k3") is None else f"{kl['kl_k3']:.3g} ({kl.get('tokens')} tokens)"
+            gn_s = "-" if gn.get("mean") is None else f"{gn['mean']:.3g} ({gn['max']:.3g}; {gn['n']} steps)"
+            lines.append(f"- seed {seed}, {MODEL_LABELS[arm]}: zero-variance group share "
+                         f"{'-' if zv is None else f'{zv:.2f}'}, KL to start {kl_s}, gradient norm {gn_s}")  # fmt: skip
     mech = summary.get("mechanism")
     if mech:
         s = mech.get("signal_attempt_share") or {}

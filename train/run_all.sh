@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # =====================================================================================================
-# The whole ReTerm reproduction in one command: data -> SFT -> ReTerm-GRPO and standard GRPO ->
-# evaluation of the four models -> cards and publishing -> a summary table with plots.
+# The whole ReTerm reproduction in one command: data -> SFT -> ReTerm-GRPO and standard GRPO (at two seeds on
+# the embedded default) -> evaluation of the models -> cards and publishing -> a summary table with plots.
 #
 #   bash train/run_all.sh                              # embedded default: SmolLM2-135M, local sandbox, CPU
 #   bash train/run_all.sh --recipe qwen3.5-9b          # the paper's scale: Qwen3.5-9B on 8 GPUs
@@ -33,12 +33,17 @@
 #                  the policy's own failed attempts online)                    -> RUN/grpo-reterm
 #   grpo-standard  the standard-GRPO baseline: same trainer and budget, groups start at the task's start
 #                                                                               -> RUN/grpo-standard
-#   eval           base / SFT / standard GRPO / ReTerm-GRPO: Pass@1 on held-out drills (in and out of
-#                  distribution) and Recovery@1 from the SFT model's own failure states on held-out two-stage
-#                  drills, with 95% intervals and paired differences, two models at a time; 9B: Terminal-Bench
-#                  2.0 through Harbor                                           -> RUN/eval
+#   grpo-s43       (embedded default, size default) ReTerm-GRPO again at a second seed (--seed 43; the recipes'
+#                  is 42), everything else the same                             -> RUN/grpo-reterm-s43
+#   grpo-standard-s43  (embedded default, size default) standard GRPO at seed 43 -> RUN/grpo-standard-s43
+#   eval           base / SFT / standard GRPO / ReTerm-GRPO (both seeds where both ran): Pass@1 on held-out
+#                  drills (in and out of distribution) and from the start of held-out chains, and Recovery@1 from
+#                  the SFT model's own failure states on those chains, with 95% intervals and paired differences
+#                  per seed (ReTerm - standard, each - SFT), two models at a time; 9B: Terminal-Bench 2.0 through
+#                  Harbor                                                       -> RUN/eval
 #   cards          dataset and model cards; `reterm publish` dry-run (or real, 9B with HUB_ORG) -> RUN/cards
-#   summary        the table of the four models, time and peak memory per stage -> RUN/summary.md, RUN/plots
+#   summary        the table of the models, the paired differences and GRPO diagnostics per seed, time and
+#                  peak memory per stage                                       -> RUN/summary.md, RUN/plots
 #
 # Resuming: a stage that completed is recorded in RUN/stages/STAGE.json and skipped next time, unless its
 # command changed or, for the stages that watch a config file (the training stages' recipes; at 9B also the
@@ -88,7 +93,7 @@ EOF
 
 # ---------------------------------------------------------------------------------- command line
 RECIPE=smollm2-135m; SIZE=default; RUN=""; FROM=""; ONLY=(); FORCE=0; CHECK=0; DRY_RUN=0; GPU_SMOKE=0
-STAGES=(setup drills data sft mechanism mine grpo grpo-standard eval cards summary)
+STAGES=(setup drills data sft mechanism mine grpo grpo-standard grpo-s43 grpo-standard-s43 eval cards summary)
 while [ $# -gt 0 ]; do
   case "$1" in --recipe|--size|--run-dir|--from|--only)
     if [ $# -lt 2 ] || [[ "$2" == --* ]]; then echo "run_all.sh: $1 needs a value (see --help)" >&2; exit 2; fi ;;
@@ -114,6 +119,20 @@ for s in "$FROM" "${ONLY[@]}"; do
 done
 [ -d "train/recipes/$RECIPE" ] || { echo "run_all.sh: no recipe train/recipes/$RECIPE" >&2; exit 2; }
 case "$SIZE" in default|ci) ;; *) echo "run_all.sh: unknown size $SIZE (default or ci)" >&2; exit 2 ;; esac
+# The GRPO arms' seeds: the recipes' own (42) and, on the embedded default at size default, 43 as well (the
+# stages grpo-s43 and grpo-standard-s43), so that every GRPO difference is seen at two seeds. --size ci trains
+# one seed to stay short; the 9B recipe one (a second pair of multi-GPU runs, and its evaluation serves the four
+# checkpoints eval/configs/terminal-bench-2.0.yaml names).
+EXTRA_SEEDS=()
+if [ "$RECIPE:$SIZE" = smollm2-135m:default ]; then EXTRA_SEEDS=(43)
+else
+  for i in "${!STAGES[@]}"; do [[ ${STAGES[i]} == *-s43 ]] && unset 'STAGES[i]'; done; STAGES=("${STAGES[@]}")
+  for s in "$FROM" "${ONLY[@]}"; do
+    if [[ $s == *-s43 ]]; then
+      echo "run_all.sh: stage '$s' is not part of --recipe $RECIPE --size $SIZE (one seed per GRPO arm)" >&2; exit 2
+    fi
+  done
+fi
 if [ -z "$RUN" ]; then RUN=runs/$RECIPE; [ "$SIZE" = default ] || RUN=$RUN-$SIZE; fi
 [ "$DRY_RUN" = 1 ] || mkdir -p "$RUN"
 PY=.venv/bin/python
@@ -224,7 +243,8 @@ case "$RECIPE:$SIZE" in
     # and mines SmolLM2's and then the SFT model's own attempts on 24 train drills each; SFT runs the recipe's
     # 2 epochs with bf16 autocast where the CPU has it (~53 min on 2 cores; one epoch, 35 min, passed 0.38 of the
     # held-out drills and none of the two-stage ones: docs/RESULTS.md);
-    # 15 GRPO steps of two groups of G=4 each (120 attempts, up to 14 turns) on the four-stage train chains. The evaluation: every one of the 120
+    # 15 GRPO steps of two groups of G=4 each (120 attempts, up to 14 turns) on the four-stage train chains, each arm at
+    # two seeds (42 and 43: EXTRA_SEEDS above; the evaluation pairs each seed's arms with each other and with SFT). The evaluation: every one of the 120
     # in-distribution test instances and 12 held-out-family instances for Pass@1, and Recovery@1 from 150 own
     # failure states of the SFT model on held-out four-stage chains (the SFT model attempts them from the start,
     # 14 turns each, until 150 failed, once; a state is the failed attempt with the most stages done; then 150
@@ -362,20 +382,36 @@ if [ "$RECIPE" = smollm2-135m ]; then
     --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}" "${MINE_SIZE[@]}"
 fi
 
-# 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget
+# 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget: at the recipes'
+#    seed (stages grpo, grpo-standard), then at each extra seed N (grpo-sN, grpo-standard-sN -> RUN/grpo-reterm-sN,
+#    RUN/grpo-standard-sN: the same commands with --seed N)
 TASK_DIRS=(); [ "$RECIPE" = smollm2-135m ] && TASK_DIRS=(--task_dirs "$DRILLS")
-WATCH=$RECIPES/grpo.yaml stage grpo "$RUN/grpo-reterm" -- "${LAUNCH[@]}" train/grpo.py --config "$RECIPES/grpo.yaml" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" --output_dir "$RUN/grpo-reterm" "${TASK_DIRS[@]}" \
-  "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
-WATCH=${GRPO_STANDARD[1]} stage grpo-standard "$RUN/grpo-standard" -- "${LAUNCH[@]}" train/grpo.py "${GRPO_STANDARD[@]}" \
-  --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" --output_dir "$RUN/grpo-standard" "${TASK_DIRS[@]}" \
-  "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}"
+for SEED in "" "${EXTRA_SEEDS[@]}"; do
+  S=${SEED:+-s$SEED}; SEED_FLAG=(); [ -z "$SEED" ] || SEED_FLAG=(--seed "$SEED")
+  WATCH=$RECIPES/grpo.yaml stage "grpo$S" "$RUN/grpo-reterm$S" -- "${LAUNCH[@]}" train/grpo.py \
+    --config "$RECIPES/grpo.yaml" --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" \
+    --output_dir "$RUN/grpo-reterm$S" "${TASK_DIRS[@]}" "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}" \
+    "${SEED_FLAG[@]}"
+  WATCH=${GRPO_STANDARD[1]} stage "grpo-standard$S" "$RUN/grpo-standard$S" -- "${LAUNCH[@]}" train/grpo.py \
+    "${GRPO_STANDARD[@]}" --model_name_or_path "$SFT_CKPT" --dataset_name "$GRPO_DATASET" \
+    --output_dir "$RUN/grpo-standard$S" "${TASK_DIRS[@]}" "${TRAIN_FLAGS[@]}" "${GRPO_FLAGS[@]}" "${GRPO_SIZE[@]}" \
+    "${SEED_FLAG[@]}"
+done
 
-# 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0)
+# 6. evaluation of the four models (embedded default: the held-out drills; 9B: Harbor jobs on Terminal-Bench 2.0);
+#    each extra seed's two GRPO models too, with that seed's paired differences (eval.drills gives the recipes'
+#    seed's: PAIRS)
 if [ "$RECIPE" = smollm2-135m ]; then
+  SEED_MODELS=()
+  for SEED in "${EXTRA_SEEDS[@]}"; do
+    SEED_MODELS+=(--model "grpo-standard-s$SEED=hf:$ABS_RUN/grpo-standard-s$SEED/merged"
+                  --model "grpo-reterm-s$SEED=hf:$ABS_RUN/grpo-reterm-s$SEED/merged"
+                  --pair "grpo-reterm-s$SEED:grpo-standard-s$SEED" --pair "grpo-reterm-s$SEED:sft"
+                  --pair "grpo-standard-s$SEED:sft")
+  done
   stage eval "$RUN/eval" -- "$PY" -m eval.drills --tasks "$DRILLS" --output "$RUN/eval" --model base=smollm2 \
     --model "sft=hf:$ABS_RUN/sft/merged" --model "grpo-standard=hf:$ABS_RUN/grpo-standard/merged" \
-    --model "grpo-reterm=hf:$ABS_RUN/grpo-reterm/merged" "${EVAL_SIZE[@]}"
+    --model "grpo-reterm=hf:$ABS_RUN/grpo-reterm/merged" "${SEED_MODELS[@]}" "${EVAL_SIZE[@]}"
 else
   WATCH=$EVAL_CONFIG stage eval "$RUN/eval" -- "${EVAL_WRAP[@]}" "$PY" -m eval.run --config "$EVAL_CONFIG" \
     --output "$RUN/eval"
@@ -388,7 +424,7 @@ if [ "$RECIPE" != smollm2-135m ] && [ -n "${HUB_ORG:-}" ]; then PUBLISH=(--publi
 stage cards "$RUN/cards" -- "$PY" train/stages.py cards --run-dir "$RUN" --base-model "$BASE_MODEL" \
   --dataset-repo "$ORG/$DATA_NAME" --model-repo "$ORG/$MODEL_NAME" --space-repo "$ORG/ReTerm-demo" "${PUBLISH[@]}"
 
-# 8. summary: the four models side by side, time and memory per stage, plots (always printed)
+# 8. summary: the models side by side, the differences per seed, time and memory per stage, plots (always printed)
 if [ "$DRY_RUN" = 1 ]; then echo; echo "[summary]"; echo "  $PY train/stages.py summary --run-dir $RUN"; exit 0; fi
 "$PY" train/stages.py summary --run-dir "$RUN" --stages "${STAGES[*]/summary/}"
 echo "run_all.sh: this invocation took $(( (SECONDS - T0) / 60 ))m$(( (SECONDS - T0) % 60 ))s; summary: $RUN/summary.md"

@@ -7,6 +7,7 @@ leaves ``-`` in the tables.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -201,13 +202,14 @@ def write_plots(run_dir: Path, stage_order: list[str]) -> list[Path]:
         for n in ("pass_rate.png", "recovery_rate.png", "recovery_from_states.png", "rates.png")
     ]
     copies += [(p, f"data_{p.name}") for p in sorted((run_dir / "data" / "plots").glob("*.png"))]
-    copies += [(run_dir / n / "curves.png", f"{n}_curves.png") for n in ("sft", "grpo-reterm", "grpo-standard")]
+    grpo_runs = {n: label for n, label in drill_models(run_dir).items() if n.startswith("grpo")}  # every seed's
+    copies += [(run_dir / n / "curves.png", f"{n}_curves.png") for n in ("sft", *grpo_runs)]
     for src, name in copies:
         if src.is_file():
             shutil.copyfile(src, plots / name)
             written.append(plots / name)
     curves = {}
-    for n in ("grpo-reterm", "grpo-standard"):
+    for n in grpo_runs:
         path = run_dir / n / "curves.csv"
         if path.is_file():
             with open(path) as fh:
@@ -216,7 +218,7 @@ def write_plots(run_dir: Path, stage_order: list[str]) -> list[Path]:
     if curves:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for n, (x, y) in curves.items():
-            ax.plot(x, y, marker="o", label=MODELS[n][0])
+            ax.plot(x, y, marker="o", label=grpo_runs[n])
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_ylabel("mean reward of the step's attempts")
@@ -257,6 +259,91 @@ DRILL_MODELS = {"base": "base (SmolLM2-135M-Instruct)", "sft": "SFT cold start",
                 "grpo-reterm": "ReTerm-GRPO"}
 """The four models of the drills evaluation (``reterm.eval.drills``), in table order."""
 
+SEED_RUN = re.compile(r"^(grpo-standard|grpo-reterm)-s(\d+)$")
+"""A GRPO run at a further seed (``train/run_all.sh``'s stages ``grpo-sN``, ``grpo-standard-sN``): its folder and eval
+name, e.g. ``grpo-reterm-s43``; groups: the arm, the seed."""
+
+SEED_PAIRS = (("grpo-reterm", "grpo-standard"), ("grpo-reterm", "sft"), ("grpo-standard", "sft"))
+"""The paired differences reported per GRPO seed (model, baseline)."""
+
+SEED_KEYS = {"recovery_at_1/multistage_own": "Recovery@1 own chain states", "pass_at_1/multistage_start": "Pass@1 from the start"}
+"""The metrics of the per-seed table in ``summary.md`` (``summary.json`` keeps every metric of each pair)."""
+
+
+def drill_models(run_dir: Path, evaluated: Any = ()) -> dict[str, str]:
+    """:data:`DRILL_MODELS`, then each further seed's two GRPO runs that the run has (evaluated, i.e. a name in
+    ``evaluated``, or trained: ``RUN/NAME/training_summary.json``), seed by seed: ``{name: label}``."""
+    names = set(evaluated) | {p.name for p in Path(run_dir).glob("grpo-*-s*") if (p / "training_summary.json").is_file()}
+    found = sorted((int(m[2]), m[1] == "grpo-reterm", m[1], m[0]) for m in map(SEED_RUN.match, names) if m)
+    return {**DRILL_MODELS, **{name: f"{DRILL_MODELS[arm]} (seed {seed})" for seed, _, arm, name in found}}
+
+
+def _recipe_seed(run_dir: Path) -> str:
+    """The seed the unsuffixed GRPO runs trained with (their ``training_summary.json``; ``"recipe"`` when
+    neither says)."""
+    for name in ("grpo-reterm", "grpo-standard"):
+        seed = ((load_json(Path(run_dir) / name / "training_summary.json") or {}).get("hyperparameters") or {}).get("seed")
+        if seed is not None:
+            return str(seed)
+    return "recipe"
+
+
+def by_seed(run_dir: Path, models: dict[str, dict[str, Any]], differences: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json``'s ``seeds``: per GRPO seed that the run trained or evaluated, its two runs (``runs``: arm ->
+    run name), the paired differences of :data:`SEED_PAIRS` named by arm (``"grpo-reterm - sft"``: every metric the
+    evaluation paired, as ``differences`` holds it; a pair it did not evaluate is left out), and each arm's training
+    diagnostics (``zero_variance_group_share``, ``kl_to_start``, ``grad_norm``: ``{"mean", "max", "n"}`` over the
+    logged steps). ``models``: ``summary.json``'s ``models``."""
+    suffixes = [""] + sorted({f"-s{m[2]}" for m in map(SEED_RUN.match, models) if m}, key=lambda x: int(x[2:]))
+    out: dict[str, Any] = {}
+    for sfx in suffixes:
+        runs = {arm: arm + sfx for arm in ("grpo-reterm", "grpo-standard")}
+        present = {arm: n for arm, n in runs.items()
+                   if models.get(n, {}).get("pass_at_1") or models.get(n, {}).get("steps") is not None}  # fmt: skip
+        if not present:
+            continue
+        name = {**runs, "sft": "sft"}
+        pairs = {f"{a} - {b}": differences[f"{name[a]} - {name[b]}"] for a, b in SEED_PAIRS
+                 if f"{name[a]} - {name[b]}" in differences}  # fmt: skip
+        diag = {arm: {"zero_variance_group_share": models[n].get("zero_variance_group_share"),
+                      "kl_to_start": models[n].get("kl_to_start"),
+                      "grad_norm": (models[n].get("diagnostics") or {}).get("grad_norm")} for arm, n in present.items()}  # fmt: skip
+        out[sfx[2:] or _recipe_seed(run_dir)] = {"runs": present, "differences": pairs, "diagnostics": diag}
+    return out
+
+
+def _diff_cell(d: dict[str, Any] | None) -> str:
+    """A paired difference as a table cell: ``+0.053 [+0.020, +0.093] (n=150; MDE 0.061)``; ``-`` without one."""
+    if not d or d.get("diff") is None:
+        return "-"
+    mde = d.get("min_detectable_80")
+    return (f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] (n={d['n']}; "
+            f"MDE {'-' if mde is None else f'{mde:.3f}'})")  # fmt: skip
+
+
+def _seeds_md(seeds: dict[str, Any]) -> list[str]:
+    """The per-seed tables of ``summary.md``: the paired differences of :data:`SEED_KEYS`, and the GRPO runs'
+    training diagnostics; ``[]`` when the run has no GRPO run."""
+    if not seeds:
+        return []
+    lines = ["", "## The GRPO arms seed by seed", "",
+             "Paired differences (bootstrap 95% interval over the same items; MDE: the smallest difference detectable "
+             "with 80% power):", "",
+             "| seed | difference | " + " | ".join(SEED_KEYS.values()) + " |", "|---|---|" + "---|" * len(SEED_KEYS)]  # fmt: skip
+    for seed, v in seeds.items():
+        for pair, per in v["differences"].items():
+            lines.append(f"| {seed} | {pair} | " + " | ".join(_diff_cell(per.get(k)) for k in SEED_KEYS) + " |")
+    lines += ["", "Training diagnostics (KL to the start: k3 estimate per assistant token on the run's last attempts; "
+              "gradient norm before clipping, mean (max) over the logged steps):", "",
+              "| seed | arm | zero-variance groups | KL to start | gradient norm |", "|---|---|---|---|---|"]  # fmt: skip
+    for seed, v in seeds.items():
+        for arm, d in v["diagnostics"].items():
+            zv, kl, gn = d["zero_variance_group_share"], d["kl_to_start"] or {}, d["grad_norm"] or {}
+            grad = "-" if gn.get("mean") is None else f"{gn['mean']:.3g} ({gn['max']:.3g})"
+            lines.append(f"| {seed} | {DRILL_MODELS[arm]} | {'-' if zv is None else f'{zv:.2f}'} | "
+                         f"{_num(kl.get('kl_k3'))} | {grad} |")  # fmt: skip
+    return lines
+
 
 def _rate_md(r: dict[str, Any] | None) -> str:
     if not r or r.get("value") is None:
@@ -296,8 +383,10 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
     "drills_ood"}`` of ``{"value", "ci95": [lo, hi], "n"}``; ``recovery_at_1`` also ``multistage_own``, from the
     state model's own multi-stage failure states (two-stage drills or chains), whose origin is
     ``multistage_states``; on chains ``pass_at_1`` also ``multistage_start``), ``valid_tool_call_rate``,
-    and for the two GRPO runs ``zero_variance_group_share``, ``signal_attempt_share`` (and by state source) and ``steps``; the paired
-    differences, each with ``min_detectable_80``; ``mechanism`` (``RUN/mechanism/mechanism.json`` of
+    and for each GRPO run (the two arms at each seed: :func:`drill_models`) ``zero_variance_group_share``,
+    ``signal_attempt_share`` (and by state source), ``steps``, ``kl_to_start`` and ``diagnostics``; the paired
+    differences, each with ``min_detectable_80``; ``seeds`` (:func:`by_seed`: the GRPO arms' differences and
+    diagnostics seed by seed); ``mechanism`` (``RUN/mechanism/mechanism.json`` of
     :mod:`reterm.eval.mechanism`) when that stage ran; ``wall_s`` and ``peak_rss_gb`` of the run.
     Returns ``(markdown, data)``.
     """
@@ -311,7 +400,8 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
              "| model | Pass@1 ID | Pass@1 OOD | Recovery@1 ID | Recovery@1 OOD | valid tool calls | "
              "Recovery@1 own multi-stage states | zero-variance groups | GRPO steps (attempts, completion tokens) |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for name, label in DRILL_MODELS.items():
+    labels = drill_models(run_dir, models)
+    for name, label in labels.items():
         m = models.get(name) or {}
         entry: dict[str, Any] = {"label": label, "pass_at_1": m.get("pass_at_1"), "recovery_at_1": m.get("recovery_at_1"),
                                  "valid_tool_call_rate": m.get("valid_tool_call_rate"),
@@ -358,7 +448,9 @@ def build_drills_summary(run_dir: Path, stage_order: list[str]) -> tuple[str, di
             lines.append(f"- {pair}, {key}: {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
                          f"(n={d['n']}; smallest difference detectable with 80% power: "
                          f"{'-' if mde is None else f'{mde:.3f}'}): {verdict}")  # fmt: skip
-    sig_rows = [(DRILL_MODELS[n], data["models"][n].get("signal_attempt_share")) for n in DRILL_MODELS
+    data["seeds"] = by_seed(run_dir, data["models"], data["differences"])
+    lines += _seeds_md(data["seeds"])
+    sig_rows = [(labels[n], data["models"][n].get("signal_attempt_share")) for n in labels
                 if data["models"].get(n, {}).get("signal_attempt_share")]  # fmt: skip
     if sig_rows:
         lines += ["", "## GRPO groups with a learning signal", "",
