@@ -169,7 +169,7 @@ def default_config(
     Default task roots: ``tasks/`` of the kit's checkout (or next to app.py). Default replay sources: the
     ReTerm-GRPO groups and the dataset of the checkout's embedded-default run (``runs/smollm2-135m/``) when it
     exists, the bundled ``examples/`` next to app.py (in :data:`EXAMPLES` order: a fresh clone opens on a trained
-    model's recorded recovery), saved live runs, the checkout's test fixtures, and ``twothsnd/ReTerm-10K``; local
+    model's recorded failure and its forked recovery attempts), saved live runs, the checkout's test fixtures, and ``twothsnd/ReTerm-10K``; local
     ones are named as :func:`shown_name` gives (relative to the checkout), never by a machine's absolute path.
     """
     env = os.environ
@@ -190,7 +190,7 @@ def default_config(
             if (HERE.parent / rel).exists():
                 sources.append(str(HERE.parent / rel))
         examples = HERE / "examples"
-        if examples.is_dir():  # a model recovering first: the best first impression (a fresh clone opens on it)
+        if examples.is_dir():  # a trained model's own failure and recovery attempts first (a fresh clone opens on it)
             folders = [p for p in sorted(examples.iterdir()) if p.is_dir()]
             folders.sort(key=lambda p: EXAMPLES.index(p.name) if p.name in EXAMPLES else len(EXAMPLES))
             sources += [str(p) for p in folders]

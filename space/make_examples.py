@@ -12,8 +12,8 @@
   the embedded SmolLM2 (a few minutes on 2 CPU cores).
 - ``examples/model-recoveries/<task>-<name>/``: with ``--checkpoint``, a trained checkpoint's own run (same
   layout; nothing else is rewritten): the model works on a task, first with no typed mistake (its own failure),
-  then, on a drill (``[metadata] first_mistake``), after the drill's first mistake typed for it; at the first
-  failure the sandbox is forked and the model's recovery attempts run. Tasks are tried in turn (``--task``, else
+  then, on a drill (``[metadata] first_mistake``), after the drill's first mistake typed for it (``--start``
+  keeps one of the two); at the first failure the sandbox is forked and the model's recovery attempts run. Tasks are tried in turn (``--task``, else
   every task of ``--tasks``) until one run has a failure and an attempt that passes its verifier; when none does
   within ``--tries`` runs, the run with the most attempt reward (then the most attempts and steps) is kept and
   the output says so. The model is named ``--name`` in the files (no local path is recorded).
@@ -82,11 +82,13 @@ async def run_case(case: tuple, out: Path, policies: PolicyCache) -> str:
 
 
 def record_model_recovery(checkpoint: Path, name: str, task_roots: list[Path], tasks: list[str], out: Path,
-                          tries: int, forks: int, turns: int, temperature: float) -> str:
+                          tries: int, forks: int, turns: int, temperature: float, start: str = "both") -> str:
     """Run ``checkpoint`` on ``tasks`` (suite names under ``task_roots``; all of them when empty) until a run's
     first failure is followed by a forked attempt that passes; save that run (else the best one) under
-    ``out/<task>-<name>/``. Returns a line saying what was kept. Raises ``RuntimeError`` when no run got as far
-    as a failure and its forks."""
+    ``out/<task>-<name>/``. ``start``: ``"own"`` (the model from the task start, its own failure),
+    ``"mistake"`` (after the drill's first mistake typed for it; tasks without one are skipped) or ``"both"``
+    (each task both ways, own first). Returns a line saying what was kept. Raises ``RuntimeError`` when no run
+    got as far as a failure and its forks."""
     import tomllib
 
     from reterm.generation import MAX_TURN_TOKENS
@@ -99,10 +101,13 @@ def record_model_recovery(checkpoint: Path, name: str, task_roots: list[Path], t
         raise RuntimeError(f"no tasks under {', '.join(map(str, task_roots))}")
     plan = []  # (task, first command): the model's own failure first, then the drill's first mistake
     for task in names:
-        plan.append((task, ""))
+        if start in ("own", "both"):
+            plan.append((task, ""))
         meta = tomllib.loads((known[task][0] / "task.toml").read_text()).get("metadata", {}) if task in known else {}
-        if meta.get("first_mistake"):
+        if meta.get("first_mistake") and start in ("mistake", "both"):
             plan.append((task, meta["first_mistake"]))
+    if not plan:
+        raise RuntimeError(f"none of {', '.join(names)} has a [metadata] first_mistake to start from")
     policies = PolicyCache()
     best, best_key = None, None
     for k in range(tries):
@@ -153,13 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forks", type=int, default=4, help="recovery attempts per failure (with --checkpoint)")
     p.add_argument("--turns", type=int, default=4, help="turns of the episode and of each attempt (with --checkpoint)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (with --checkpoint)")
+    p.add_argument("--start", choices=["both", "own", "mistake"], default="both",
+                   help="with --checkpoint: the model's own run from the task start, the run after the drill's "
+                   "first mistake typed for it, or each task both ways (own first)")
     args = p.parse_args(argv)
     if args.checkpoint is not None:
         if not args.name:
             p.error("--checkpoint needs --name (how the model is called in the page)")
         line = record_model_recovery(args.checkpoint, args.name, args.tasks or [REPO / "tasks"], args.task,
                                      args.out / "model-recoveries", args.tries, args.forks, args.turns,
-                                     args.temperature)  # fmt: skip
+                                     args.temperature, args.start)  # fmt: skip
         print(line)
         return 0
     n = copy_records(args.records, args.out / "records", args.per_category)

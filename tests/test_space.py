@@ -441,7 +441,7 @@ def test_browser_closing_the_tab_stops_the_live_run(server):
             browser.close()
 
 
-def test_browser_fresh_clone_opens_on_a_model_recovering(tmp_path):
+def test_browser_fresh_clone_opens_on_a_models_recovery_attempts(tmp_path):
     """A checkout with no run (``space/`` copied alone), started with the plain command: the first screen is the
     bundled recording of a trained checkpoint's own failure and its forked recovery attempts (not the scripted
     oracle), under a checkout-relative source name; no absolute path of the machine is on the page."""
