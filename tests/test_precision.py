@@ -34,7 +34,7 @@ def test_a_cpu_recipes_bf16_is_kept_only_where_the_cpu_has_it(monkeypatch, tmp_p
     monkeypatch.setenv("RETERM_CPU_BF16", "0")
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=True)
     msg = precision.resolve_training_bf16(args)
-    assert args.bf16 is False and "bf16 off" in msg
+    assert args.bf16 is False and args.mixed_precision == "no" and "bf16 off" in msg
     monkeypatch.setenv("RETERM_CPU_BF16", "1")
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=True)
     assert "autocast" in precision.resolve_training_bf16(args) and args.bf16 is True
@@ -52,6 +52,32 @@ def test_the_policy_loads_bf16_weights_on_such_a_cpu(monkeypatch):
     monkeypatch.setenv("RETERM_CPU_BF16", "0")
     assert TransformersPolicy._resolve_dtype("auto", torch.device("cpu")) is torch.float32
     assert TransformersPolicy._resolve_dtype("float32", torch.device("cpu")) is torch.float32
+
+
+def test_a_trainer_built_after_bf16_off_runs_its_forward_without_autocast(monkeypatch, tmp_path):
+    """The Trainer's accelerator follows the switch: no bf16 autocast around the model's forward (accelerate reads
+    ``mixed_precision``, which ``TrainingArguments`` derived from the recipe's ``bf16: true``)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from reterm.tiny_qwen import build_tiny_qwen3_5
+
+    monkeypatch.setenv("RETERM_CPU_BF16", "0")
+    path = build_tiny_qwen3_5()
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=True, max_steps=1, report_to="none",
+                     per_device_train_batch_size=1, save_strategy="no")  # fmt: skip
+    assert args.mixed_precision == "bf16"  # what transformers derived from the recipe's value
+    precision.resolve_training_bf16(args)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    seen = []
+    model.register_forward_hook(lambda *_: seen.append(torch.is_autocast_enabled("cpu")))
+    trainer = SFTTrainer(model=model, args=args, processing_class=AutoTokenizer.from_pretrained(path),
+                         train_dataset=Dataset.from_list([{"text": "hello world " * 8}]))  # fmt: skip
+    assert trainer.accelerator.mixed_precision == "no"
+    trainer.train()
+    assert seen and not any(seen)
 
 
 needs_bf16 = pytest.mark.skipif(not precision.cpu_bf16_fast(), reason="this CPU has no bf16 matrix instructions")
