@@ -161,7 +161,8 @@ def build_fault(err: str) -> tuple[str | None, str]:
     where = f"Dockerfile:{step.group(1)} `{_cell(step.group(2), 70)}` exit {step.group(3)}"
     if host := BUILD_HOST.search(err):
         return host.group(1), f"{where}: could not reach {host.group(1)}"
-    output = [ln.strip() for ln in err[step.end():].splitlines() if ln.strip() and not ln.startswith("(note:")]
+    # the sandbox's own notes (what the step needed, a cached failure's time) are in parentheses
+    output = [ln.strip() for ln in err[step.end():].splitlines() if ln.strip() and not ln.startswith("(")]
     if output:
         return None, f"{where}: {_cell(output[-1], 110)}"
     urls = sorted(set(URL_HOST.findall(step.group(2))))
@@ -227,10 +228,11 @@ def totals(records: dict[str, dict], n_tasks: int, label: str, run_dir: Path | N
         return ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
     if net:
-        lines.append(f"- `network_error` in a trial ({len(net)} tasks; a task counts once per host):"
-                     f" the solution could not reach {counts(reach['solution']) or 'nothing'};"
-                     f" the verifier could not reach {counts(reach['verifier']) or 'nothing'};"
-                     f" the verifier needs what the offline shim could not install: {counts(shim) or 'nothing'}.")
+        parts = [f"the solution could not reach {counts(reach['solution'])}" if reach["solution"] else "",
+                 f"the verifier could not reach {counts(reach['verifier'])}" if reach["verifier"] else "",
+                 f"the verifier needs what the offline shim could not install: {counts(shim)}" if shim else ""]
+        lines.append(f"- `network_error` in a trial ({len(net)} tasks; a task counts once per host): "
+                     + "; ".join(x for x in parts if x) + ".")
     builds: dict[str, list[str]] = defaultdict(list)
     unnamed: list[str] = []
     for n, r in sorted(records.items()):
