@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from cpu_budget import needs_bf16_or_asked
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ["mkdir-parent", "exec-bit", "python-alias", "wc-number", "copy-dir"]
@@ -61,7 +60,6 @@ async def _after_first_mistake(task_dirs: list[Path]) -> list[list[dict]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@needs_bf16_or_asked
 def test_a_few_sft_steps_raise_valid_first_tool_calls_on_held_out_drills(tmp_path):
     from reterm.agent.episode import load_task
     from reterm.agent.protocol import TOOLS, initial_messages

@@ -16,12 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from cpu_budget import needs_bf16_or_asked
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE_CPU = REPO / "train" / "recipes" / "smollm2-135m" / "sft.yaml"
 FIXTURE = REPO / "tests" / "fixtures" / "reterm10k_mini"
-pytestmark = needs_bf16_or_asked
 
 
 def _sft_module():
