@@ -49,6 +49,7 @@ from typing import Any
 
 from reterm.policies import llama_decode
 from reterm.policies.cache_keyword import cache_kwarg
+from reterm.policies.int8_weights import DECODE_WEIGHTS
 
 #: A shared prompt prefix shorter than this is not read separately (not worth a forward of its own).
 MIN_SHARED_PREFIX = 32
@@ -236,8 +237,6 @@ class PrefixKVCache:
     def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
                  max_idle_calls: int = 16, early_release: bool = True, fast_decode: bool = True,
                  decode_weights: str = "float") -> None:  # fmt: skip
-        from reterm.policies.int8_weights import DECODE_WEIGHTS
-
         if decode_weights not in DECODE_WEIGHTS:
             raise ValueError(f"PrefixKVCache: decode_weights must be one of {DECODE_WEIGHTS}, got {decode_weights!r}")
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:

@@ -31,6 +31,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from reterm.policies import int8_weights
 from reterm.policies.cache_keyword import cache_kwarg
 
 #: Generation settings the loop reproduces; a config that sets anything else goes to ``model.generate``.
@@ -267,8 +268,6 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
         if model.lm_head.weight.dtype != torch.float32:
             raise ValueError(f"llama_decode.generate: int8 decoding needs float32 weights, the model has "
                              f"{model.lm_head.weight.dtype}")  # fmt: skip
-        from reterm.policies import int8_weights
-
         w8 = int8_weights.for_model(model)
     device = input_ids.device
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
