@@ -45,6 +45,11 @@ def test_python_image_provides_python_and_pip(tmp_path, monkeypatch, strict):
     r = asyncio.run(_run(task, PYTHON_CHECK))
     assert r.return_code == 0, r
     assert r.stdout.startswith("Python 3.11.") and "pip " in r.stdout, r.stdout  # Debian 12's, whatever X says
+    # as in the python images, the interpreter's C headers are there: a C extension builds (Terminal-Bench 2.0's
+    # feal-differential-cryptanalysis and portfolio-optimization build theirs with setup.py)
+    r = asyncio.run(_run(task, 'python3 -c "import sysconfig, os; print(os.path.isfile(os.path.join('
+                               "sysconfig.get_paths()['include'], 'Python.h')))\""))
+    assert r.return_code == 0 and r.stdout.strip() == "True", r
 
 
 def test_failed_run_that_could_not_reach_a_host_says_so(tmp_path):

@@ -198,6 +198,16 @@ def test_offline_shim_applies_in_harbor_trials(tmp_path):
         ("requests.exceptions.ConnectionError: HTTPConnectionPool(host='0.0.0.0', port=8080): Max retries exceeded "
          "(Caused by NewConnectionError('Failed to establish a new connection: [Errno 111] Connection refused'))", []),
         ("curl: (7) Failed to connect to 0.0.0.0 port 5000 after 0 ms: Couldn't connect to server", []),
+        # opam quotes the curl command it ran (Terminal-Bench 2.0 compile-compcert, host network)
+        ('[ERROR] Could not update repository "default": OpamDownload.Download_fail(_, "Curl failed: \\"/usr/bin/curl '
+         '--write-out %{http_code}\\\\n --retry 3 -L -o /tmp/opam-781/index.tar.gz.part -- https://opam.ocaml.org/'
+         'index.tar.gz\\" exited with code 6")', ["opam.ocaml.org"]),
+        # pytest's traceback of urllib: the host in the frames' locals, the failure anonymous (filter-js-from-html)
+        ("http_conn_args = {'check_hostname': None, 'context': None}, host = 'github.com'\n"
+         "headers = {'Connection': 'close', 'Host': 'github.com', 'User-Agent': 'Python-urllib/3.11'}\n"
+         "E       socket.gaierror: [Errno -2] Name or service not known", ["github.com"]),
+        # ... but a frame's host with no failure is nobody's fault
+        ("headers = {'Host': 'example.org'}\nE   assert 404 == 200", []),
     ],
 )
 def test_unreachable_hosts_from_error_messages(text, hosts):
@@ -266,3 +276,39 @@ def test_phase_fault_names_hosts_once_and_only_for_public_phases(tmp_path):
     out.write_text("")
     phases = [("solution", (1.5, 3.0), out), ("verifier", (5.5, 7.0), tmp_path / "verifier" / "test-stdout.txt")]
     assert phase_network_fault(tmp_path, phases) == "solution could not reach: deb.debian.org"
+
+
+def test_stand_in_base_fault_names_what_apt_lacks(tmp_path):
+    """apt's messages in a task's own reference solution or verifier (Terminal-Bench 2.0's Ubuntu pins on the Debian
+    stand-in: adaptive-rejection-sampler, build-pov-ray) name the packages; an output without them is no fault."""
+    from reterm.sandbox.faults import apt_missing, phase_base_fault
+
+    oracle = tmp_path / "oracle.txt"
+    oracle.write_text("Reading package lists...\nE: Version '4.3.3-2build2' for 'r-base-core' was not found\n"
+                      "Attempt 1 failed, retrying...\nE: Version '4.3.3-2build2' for 'r-base-core' was not found\n"
+                      "E: Unable to locate package libfoo-ubuntu1\nE: Package 'gcc-13' has no installation candidate\n")  # fmt: skip
+    clean = tmp_path / "test-stdout.txt"
+    clean.write_text("1 failed\nE   assert 0 == 1\n")  # pytest's `E ` lines are not apt's
+    assert apt_missing(oracle.read_text()) == ["r-base-core=4.3.3-2build2", "libfoo-ubuntu1", "gcc-13"]
+    assert phase_base_fault([("solution", oracle), ("verifier", clean)]) == (
+        "solution asks apt for what the stand-in base lacks: r-base-core=4.3.3-2build2, libfoo-ubuntu1, gcc-13"
+    )
+    assert phase_base_fault([("verifier", clean)]) is None
+
+
+def test_reference_solution_pinning_what_the_stand_in_lacks_is_a_sandbox_fault_in_harbors_result(tmp_path):
+    """A Ubuntu task whose reference solution pins an Ubuntu package version (apt has none on the Debian stand-in):
+    Harbor's result.json records StandInBaseError naming the pin and no reward; the no-op agent on the same task,
+    whose verifier runs no apt, stays a scored 0 (the agent's own outcome)."""
+    task = make_task(tmp_path / "ubuntu-pin", dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+                     solve_sh="apt-get install -y --no-download wget=1.21.4-1ubuntu4.1 || exit 1\n"
+                              "echo done > /app/out.txt\n",
+                     test_sh='[ -f /app/out.txt ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')  # fmt: skip
+    out = trial(task, "oracle", tmp_path / "job")
+    assert out.reward is None and out.outcome == "sandbox_error", out
+    exc = harbor_result_of(out)["exception_info"]
+    assert exc["exception_type"] == "StandInBaseError", exc
+    assert "solution asks apt for what the stand-in base lacks: wget=1.21.4-1ubuntu4.1" in exc["exception_message"]
+    nop = trial(task, "nop", tmp_path / "job")
+    assert (nop.reward, nop.outcome) == (0.0, "failure"), nop
+    assert harbor_result_of(nop)["exception_info"] is None

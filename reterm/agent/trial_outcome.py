@@ -83,6 +83,8 @@ _FAULT_OUTCOME: dict[str, Outcome] = {
     "EndpointError": Outcome.ENDPOINT_ERROR,
     # the local sandbox: a verifier or reference solution lacked a host (reterm.sandbox.faults)
     "NetworkUnreachableError": Outcome.NETWORK_ERROR,
+    # the local sandbox: a verifier or reference solution pinned what its stand-in base lacks (reterm.sandbox.faults)
+    "StandInBaseError": Outcome.SANDBOX_ERROR,
 }
 _ENVIRONMENT_ERRORS = {
     "SandboxBuildFailedError",

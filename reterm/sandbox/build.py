@@ -53,12 +53,18 @@ _PYTHON_ALIASES = (
     "ln -sf /usr/bin/python3 /usr/local/bin/python && ln -sf /usr/bin/pip3 /usr/local/bin/pip && "
     "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
 )
-# The strict base has no Python: a FROM python* image does (python, python3, pip, pip3), so the build installs
-# Debian's (3.11) before the aliases, with the build's network.
+# A python image carries its interpreter's C headers (Python.h, for `pip install` of a C extension and for
+# setup.py build_ext); the strict base has no Python at all. The build installs Debian's (3.11) with the build's
+# network before the aliases: python3-dev in default mode, python3 itself as well in strict mode.
+_PYTHON_HEADERS_INSTALL = (
+    "export DEBIAN_FRONTEND=noninteractive && apt-get update -qq && "
+    "apt-get install -y -qq --no-install-recommends python3-dev >/dev/null"
+)
 _PYTHON_STRICT_INSTALL = (
     "export DEBIAN_FRONTEND=noninteractive && apt-get update -qq && "
-    "apt-get install -y -qq --no-install-recommends python3 python3-pip python3-venv >/dev/null"
+    "apt-get install -y -qq --no-install-recommends python3 python3-pip python3-venv python3-dev >/dev/null"
 )
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.I | re.M)
 
 
 # `apt-get update && apt-get install -y [--no-install-recommends] PKG... [&& rm -rf /var/lib/apt/lists/*]`, the
@@ -178,14 +184,28 @@ def base_suite(environment_dir: Path, docker_image: str | None = None) -> str:
     return df.debian_suite(image) if image else "bookworm"
 
 
+def _maps_a_python_image(dockerfile_text: str) -> bool:
+    """True when a ``FROM`` of the Dockerfile maps onto the python image mapping (its own build steps)."""
+    for m in _FROM.finditer(dockerfile_text):
+        try:
+            if df.map_base_image(m.group(1), "Dockerfile").python_aliases:
+                return True
+        except df.DockerfileError:  # reported with its line when the Dockerfile is built
+            pass
+    return False
+
+
 def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> str:
     """Cache key of a task layer: sha256 over base key, build version, Dockerfile and context files
-    (and the mode, in rootless mode only: root-mode keys are unchanged)."""
+    (and the mode, in rootless mode only: root-mode keys are unchanged; for a ``FROM python*`` image, the
+    mapping's own install step)."""
     h = hashlib.sha256()
     h.update(json.dumps([BUILD_VERSION, base.key]).encode())
     if sandbox_mode() == "rootless":  # user.overlay.* xattrs and the caller's ownership: a layer of its own
         h.update(b"rootless")
     h.update(dockerfile_text.encode())
+    if _maps_a_python_image(dockerfile_text):
+        h.update(b"\0python-image\0" + _PYTHON_HEADERS_INSTALL.encode())  # the mapping's steps are the layer's too
     if context is not None and context.is_dir():
         for rel in context_files(context):
             p = context / rel
@@ -441,7 +461,10 @@ class _Builder:
         if self.mapping.python_aliases:
             if strict_mode():
                 await self._sh(ins, _PYTHON_STRICT_INSTALL, user=None, cwd=None, what="python image mapping (strict "
-                               "base: installing Debian's python3, python3-pip, python3-venv)")  # fmt: skip
+                               "base: installing Debian's python3, python3-pip, python3-venv, python3-dev)")  # fmt: skip
+            else:
+                await self._sh(ins, _PYTHON_HEADERS_INSTALL, user=None, cwd=None,
+                               what="python image mapping (installing Debian's python3-dev: Python.h)")  # fmt: skip
             await self._sh(ins, _PYTHON_ALIASES, user=None, cwd=None, what="python image mapping")
 
     async def do_env(self, ins: df.Instruction, args: str) -> None:

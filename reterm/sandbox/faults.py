@@ -25,6 +25,7 @@ not count for the verifier when its CTRF report shows that tests ran and none fa
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from reterm.sandbox.network import NETWORK_LOG, mentions_unreachable, unreachable_hosts
@@ -38,6 +39,52 @@ class NetworkUnreachableError(RuntimeError):
     The message is :func:`phase_network_fault`'s (``"verifier could not reach: pypi.org"``). Harbor records
     it in ``result.json`` as ``exception_info`` with no reward; :mod:`reterm.agent.trial_outcome` reads it as
     ``network_error``."""
+
+
+class StandInBaseError(RuntimeError):
+    """A verifier or reference solution failed because the local sandbox's base stands in for the task's image
+    and lacks what the task's script pins: an infrastructure fault, not the agent's failure.
+
+    The local sandbox builds every ``FROM debian|ubuntu|python`` image on a Debian root made from today's mirror
+    (:func:`reterm.sandbox.dockerfile.map_base_image`), so ``apt-get install r-base-core=4.3.3-2build2`` (an
+    Ubuntu version) or ``ca-certificates=20250419`` (the version a ``debian:13.0`` image shipped) has no
+    candidate there, where under Docker the image provides it. The message is :func:`phase_base_fault`'s
+    (``"solution asks apt for what the stand-in base lacks: r-base-core=4.3.3-2build2"``). Harbor records it in
+    ``result.json``; :mod:`reterm.agent.trial_outcome` reads it as ``sandbox_error``."""
+
+
+# apt's messages for a package or version the configured archive does not have (apt-get(8), Debian 12/13)
+_APT_MISSING: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^E: Version '([^']+)' for '([^']+)' was not found", re.M),
+    re.compile(r"^E: Unable to locate package (\S+)", re.M),
+    re.compile(r"^E: Package '([^']+)' has no installation candidate", re.M),
+)
+
+
+def apt_missing(text: str) -> list[str]:
+    """Packages (``name`` or ``name=version``) that apt said its archive lacks in ``text``, first-seen order."""
+    seen: dict[str, None] = {}
+    for m in _APT_MISSING[0].finditer(text):
+        seen.setdefault(f"{m.group(2)}={m.group(1)}", None)
+    for pat in _APT_MISSING[1:]:
+        for m in pat.finditer(text):
+            seen.setdefault(m.group(1), None)
+    return list(seen)
+
+
+def phase_base_fault(phases: list[tuple[str, Path]]) -> str | None:
+    """Why task-owned phases (``solution``, ``verifier``) failed on the local sandbox's stand-in base, or
+    ``None``: the packages apt could not find in each phase's output (:func:`apt_missing`).
+
+    Only the task's own scripts count (the reference solution and ``test.sh``, which pass under Docker on the
+    task's image); what an agent asks apt for is the agent's business. Returns e.g. ``"solution asks apt for
+    what the stand-in base lacks: wget=1.21.4-1ubuntu4.1"``; phases joined by ``"; "``."""
+    reasons = []
+    for phase, output in phases:
+        missing = apt_missing(read_text(output))
+        if missing:
+            reasons.append(f"{phase} asks apt for what the stand-in base lacks: {', '.join(missing)}")
+    return "; ".join(reasons) or None
 
 
 def read_text(path: Path, limit: int = 4 << 20) -> str:

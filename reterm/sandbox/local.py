@@ -73,7 +73,13 @@ from reterm.sandbox.box import (
     host_ca_bundle,
 )
 from reterm.sandbox.build import TaskLayer, base_suite, ensure_layer
-from reterm.sandbox.faults import NetworkUnreachableError, phase_network_fault, written_reward
+from reterm.sandbox.faults import (
+    NetworkUnreachableError,
+    StandInBaseError,
+    phase_base_fault,
+    phase_network_fault,
+    written_reward,
+)
 from reterm.sandbox.network import NETWORK_LOG, recorder
 from reterm.sandbox.paths import rmtree_writable
 from reterm.sandbox.preflight import missing_tools, require_root_or_explain
@@ -130,7 +136,8 @@ class LocalOptions(EnvironmentOptions):
         default=True,
         description="after the verifier, raise NetworkUnreachableError (Harbor records it in result.json, no "
         "reward) when the reward is below 1 and the verifier or reference solution failed for want of a host "
-        "its public phase asked for (reterm/sandbox/faults.py); false: leave the reward as the verifier wrote it",
+        "its public phase asked for, or StandInBaseError when one of them asked apt for what the stand-in base "
+        "lacks (reterm/sandbox/faults.py); false: leave the reward as the verifier wrote it",
     )
     verifier_shim: bool = Field(
         default=True,
@@ -511,14 +518,16 @@ class LocalEnvironment(BaseEnvironment):
         if r.timed_out:
             raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds", stdout, stderr)
         if self.options.network_faults and _is_verifier_command(command):
-            await self._raise_network_fault(window)
+            await self._raise_infra_fault(window)
         return ExecResult(stdout=stdout or None, stderr=stderr or None, return_code=r.return_code)
 
-    async def _raise_network_fault(self, verifier_window: tuple[float, float]) -> None:
+    async def _raise_infra_fault(self, verifier_window: tuple[float, float]) -> None:
         """Raise :class:`NetworkUnreachableError` when the verifier that just ran wrote a reward below 1 (or
         none) and it, or the reference solution before it, failed for want of a host its ``public`` phase
-        asked for (:func:`reterm.sandbox.faults.phase_network_fault`). Harbor then records the fault in
-        ``result.json`` with no reward instead of scoring 0.
+        asked for (:func:`reterm.sandbox.faults.phase_network_fault`), else :class:`StandInBaseError` when one
+        of them asked apt for a package or version the stand-in base lacks
+        (:func:`reterm.sandbox.faults.phase_base_fault`). Harbor then records the fault in ``result.json``
+        with no reward instead of scoring 0.
 
         Reads the verifier's files (reward, output, CTRF report, the shim's missing log) from the sandbox's
         ``/logs/verifier``, copied into the trial's ``verifier/`` first as Harbor does next (so they are there
@@ -540,6 +549,9 @@ class LocalEnvironment(BaseEnvironment):
         reason = phase_network_fault(self.trial_paths.trial_dir, phases)
         if reason:
             raise NetworkUnreachableError(reason)
+        reason = phase_base_fault([(name, output) for name, _, output in phases])
+        if reason:
+            raise StandInBaseError(reason)
 
     async def _root_run(self, argv: list[str], **kw) -> Any:
         box = self.box

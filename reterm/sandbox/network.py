@@ -55,6 +55,18 @@ _HOST_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         r"cannot open URL '(?:https?|ftp)://([A-Za-z0-9.-]+)",  # R (download.file, install.packages)
         r"unable to access index for repository (?:https?|ftp)://([A-Za-z0-9.-]+)",  # R (install.packages)
         r"URL '(?:https?|ftp)://([A-Za-z0-9.-]+)[^']*': status was 'Couldn't (?:resolve|connect)",  # R (libcurl)
+        # opam runs curl and quotes its command line: exit 6 = host not resolved, 7 = no connection (curl(1))
+        r"Curl failed: [^\n]{0,400}? -- (?:https?|ftp)://([A-Za-z0-9.-]+)[^\n]{0,200}?exited with code [67]\b",
+    )
+)
+# Where the host of a failed look-up is named apart from the message that tells of the failure: the frames of a
+# Python traceback as pytest prints them (http.client's ``host = 'github.com'``, urllib's request headers). Read
+# only in a text that holds an anonymous failure (:data:`_ANONYMOUS`).
+_CONTEXT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        r"\bhost = '([A-Za-z0-9.-]+)'",  # http.client / urllib.request frames (pytest's locals)
+        r"'Host': '([A-Za-z0-9.-]+)'",  # urllib.request's headers
     )
 )
 # Messages that say a name could not be resolved without naming it (Python's socket.gaierror, pip).
@@ -70,9 +82,11 @@ _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "sandbox", "", "0.0.0.0", "::",
 def unreachable_hosts(text: str) -> list[str]:
     """Host names that ``text`` (a program's output) reports as unresolvable or unreachable, in first-seen
     order; ``localhost`` and the sandbox's own names are left out (a server the task should have started is
-    the task's business, not the network's)."""
+    the task's business, not the network's). A host named only in a traceback's frames counts when the text
+    also holds an anonymous look-up failure (``socket.gaierror: [Errno -2] Name or service not known``)."""
     seen: dict[str, None] = {}
-    for pat in _HOST_PATTERNS:
+    patterns = _HOST_PATTERNS + (_CONTEXT_PATTERNS if _ANONYMOUS.search(text) else ())
+    for pat in patterns:
         for m in pat.finditer(text):
             host = m.group(1).strip(".").lower()
             if host not in _LOCAL_NAMES and not host.startswith("127.") and not host.endswith(".localhost"):
