@@ -312,3 +312,21 @@ def test_reference_solution_pinning_what_the_stand_in_lacks_is_a_sandbox_fault_i
     nop = trial(task, "nop", tmp_path / "job")
     assert (nop.reward, nop.outcome) == (0.0, "failure"), nop
     assert harbor_result_of(nop)["exception_info"] is None
+
+
+def test_reference_solution_filling_the_writable_layer_is_a_sandbox_fault(tmp_path):
+    """The writable layer lives in memory (a tmpfs of storage_mb); a reference solution that fills it (Terminal-Bench
+    2.0's gcode-to-text installing opencv and matplotlib) ends as WritableLayerFullError in Harbor's result.json, not a
+    scored 0; the no-op agent on the same task is scored as its verifier says."""
+    task = make_task(tmp_path / "big-install", toml="[environment]\nstorage_mb = 64\n",
+                     # like pip: remove what could not be finished, then print the error
+                     solve_sh='err=$(dd if=/dev/zero of=/app/blob bs=1M count=200 2>&1) || { rm -f /app/blob; echo "$err"; exit 1; }\n'
+                              "echo done > /app/out.txt\n",
+                     test_sh='[ -f /app/out.txt ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')  # fmt: skip
+    out = trial(task, "oracle", tmp_path / "job")
+    assert out.reward is None and out.outcome == "sandbox_error", out
+    exc = harbor_result_of(out)["exception_info"]
+    assert exc["exception_type"] == "WritableLayerFullError", exc
+    assert "solution ran out of the sandbox's writable layer (64 MiB" in exc["exception_message"], exc
+    nop = trial(task, "nop", tmp_path / "job")
+    assert (nop.reward, nop.outcome) == (0.0, "failure"), nop

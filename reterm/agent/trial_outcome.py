@@ -85,6 +85,8 @@ _FAULT_OUTCOME: dict[str, Outcome] = {
     "NetworkUnreachableError": Outcome.NETWORK_ERROR,
     # the local sandbox: a verifier or reference solution pinned what its stand-in base lacks (reterm.sandbox.faults)
     "StandInBaseError": Outcome.SANDBOX_ERROR,
+    # the local sandbox: the reference solution filled the in-memory writable layer (reterm.sandbox.faults)
+    "WritableLayerFullError": Outcome.SANDBOX_ERROR,
 }
 _ENVIRONMENT_ERRORS = {
     "SandboxBuildFailedError",

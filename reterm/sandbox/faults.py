@@ -87,6 +87,29 @@ def phase_base_fault(phases: list[tuple[str, Path]]) -> str | None:
     return "; ".join(reasons) or None
 
 
+class WritableLayerFullError(RuntimeError):
+    """The reference solution ran out of the local sandbox's writable layer: an infrastructure fault.
+
+    The local sandbox keeps a trial's writes in a size-limited tmpfs that counts against its memory
+    (:func:`reterm.sandbox.local.effective_storage_mb`), where Docker gives a container the host's disk; a
+    solution that installs large packages (Terminal-Bench 2.0's gcode-to-text: opencv, matplotlib, tesseract)
+    can pass there and fail here with ``[Errno 28] No space left on device``. Only the reference solution counts
+    (:func:`phase_storage_fault`): what an agent writes until the layer is full is the agent's failure.
+    :mod:`reterm.agent.trial_outcome` reads it as ``sandbox_error``."""
+
+
+_ENOSPC = re.compile(r"No space left on device")
+
+
+def phase_storage_fault(solution_output: Path, storage_mb: int) -> str | None:
+    """``"solution ran out of the sandbox's writable layer (N MiB, in memory) ..."`` when the reference
+    solution's output holds ``No space left on device`` (ENOSPC), else ``None``."""
+    if not _ENOSPC.search(read_text(solution_output)):
+        return None
+    return (f"solution ran out of the sandbox's writable layer ({storage_mb} MiB, held in memory; Docker gives a "
+            "container the host's disk): give the trial more with --ek storage_mb=... memory_mb=...")  # fmt: skip
+
+
 def read_text(path: Path, limit: int = 4 << 20) -> str:
     """The first ``limit`` characters of a file, ``""`` when it cannot be read."""
     try:

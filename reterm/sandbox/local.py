@@ -76,8 +76,10 @@ from reterm.sandbox.build import TaskLayer, base_suite, ensure_layer
 from reterm.sandbox.faults import (
     NetworkUnreachableError,
     StandInBaseError,
+    WritableLayerFullError,
     phase_base_fault,
     phase_network_fault,
+    phase_storage_fault,
     written_reward,
 )
 from reterm.sandbox.network import NETWORK_LOG, recorder
@@ -137,7 +139,8 @@ class LocalOptions(EnvironmentOptions):
         description="after the verifier, raise NetworkUnreachableError (Harbor records it in result.json, no "
         "reward) when the reward is below 1 and the verifier or reference solution failed for want of a host "
         "its public phase asked for, or StandInBaseError when one of them asked apt for what the stand-in base "
-        "lacks (reterm/sandbox/faults.py); false: leave the reward as the verifier wrote it",
+        "lacks, or WritableLayerFullError when the reference solution filled the writable layer "
+        "(reterm/sandbox/faults.py); false: leave the reward as the verifier wrote it",
     )
     verifier_shim: bool = Field(
         default=True,
@@ -526,8 +529,9 @@ class LocalEnvironment(BaseEnvironment):
         none) and it, or the reference solution before it, failed for want of a host its ``public`` phase
         asked for (:func:`reterm.sandbox.faults.phase_network_fault`), else :class:`StandInBaseError` when one
         of them asked apt for a package or version the stand-in base lacks
-        (:func:`reterm.sandbox.faults.phase_base_fault`). Harbor then records the fault in ``result.json``
-        with no reward instead of scoring 0.
+        (:func:`reterm.sandbox.faults.phase_base_fault`), else :class:`WritableLayerFullError` when the reference
+        solution ran out of the writable layer (:func:`reterm.sandbox.faults.phase_storage_fault`). Harbor then
+        records the fault in ``result.json`` with no reward instead of scoring 0.
 
         Reads the verifier's files (reward, output, CTRF report, the shim's missing log) from the sandbox's
         ``/logs/verifier``, copied into the trial's ``verifier/`` first as Harbor does next (so they are there
@@ -552,6 +556,10 @@ class LocalEnvironment(BaseEnvironment):
         reason = phase_base_fault([(name, output) for name, _, output in phases])
         if reason:
             raise StandInBaseError(reason)
+        if self._solution_window is not None:
+            reason = phase_storage_fault(self.trial_paths.agent_dir / "oracle.txt", self._limits()["storage_mb"])
+            if reason:
+                raise WritableLayerFullError(reason)
 
     async def _root_run(self, argv: list[str], **kw) -> Any:
         box = self.box
