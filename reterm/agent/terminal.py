@@ -17,9 +17,10 @@ command arguments, which tmux splits at a trailing ``;``.
 How a command is followed:
 
 - **Completion and exit status**: the shell's ``PROMPT_COMMAND`` hook (exported, so nested shells and
-  ``exec bash`` keep it) appends ``$?`` and ``$PWD`` to a status file before each prompt and writes
-  ``export -p`` to a file. A new status line plus the prompt on the cursor line means the command
-  finished; the line holds its exit status.
+  ``exec bash`` keep it) writes ``export -p`` to a file, then appends ``$?`` and ``$PWD`` to a status file
+  before each prompt (builtins only, in that order: a reader that sees the new status line finds the
+  exports complete). A new status line plus the prompt on the cursor line means the command finished;
+  the line holds its exit status.
 - **Output**: the session's scrollback is cleared before each command, so the rows from the command's
   prompt row to the new prompt are exactly what it printed (the typed echo and the new prompt are
   cut). Long output keeps its head and tail (:func:`reterm.agent.protocol.truncate_middle`).
@@ -80,7 +81,7 @@ if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi
 export __reterm_d=__STATE_DIR__
 __reterm_hook() {
   local s=$?
-  { printf '%s\t%s\n' "$s" "$PWD" >> "$__reterm_d/status"; export -p > "$__reterm_d/exports"; } 2>/dev/null
+  { export -p > "$__reterm_d/exports"; printf '%s\t%s\n' "$s" "$PWD" >> "$__reterm_d/status"; } 2>/dev/null
   PS1='${PWD}\$ '
   PS2='> '
   return $s
