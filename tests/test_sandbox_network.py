@@ -296,6 +296,23 @@ def test_stand_in_base_fault_names_what_apt_lacks(tmp_path):
     assert phase_base_fault([("verifier", clean)]) is None
 
 
+# A verifier that passes when the solution wrote /app/out.txt (and runs nothing that could fail on its own).
+OUT_TXT_TEST = "[ -f /app/out.txt ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+
+
+def assert_oracle_fault_nop_scored(task: Path, trials: Path, exception_type: str, message: str) -> None:
+    """The oracle's trial ends as a sandbox fault ``exception_type`` whose message holds ``message`` in Harbor's
+    result.json (no reward); the no-op agent's trial on the same task is a scored 0 with no exception."""
+    out = trial(task, "oracle", trials)
+    assert out.reward is None and out.outcome == "sandbox_error", out
+    exc = harbor_result_of(out)["exception_info"]
+    assert exc["exception_type"] == exception_type, exc
+    assert message in exc["exception_message"], exc
+    nop = trial(task, "nop", trials)
+    assert (nop.reward, nop.outcome) == (0.0, "failure"), nop
+    assert harbor_result_of(nop)["exception_info"] is None
+
+
 def test_reference_solution_pinning_what_the_stand_in_lacks_is_a_sandbox_fault_in_harbors_result(tmp_path):
     """A Ubuntu task whose reference solution pins an Ubuntu package version (apt has none on the Debian stand-in):
     Harbor's result.json records StandInBaseError naming the pin and no reward; the no-op agent on the same task,
@@ -303,15 +320,9 @@ def test_reference_solution_pinning_what_the_stand_in_lacks_is_a_sandbox_fault_i
     task = make_task(tmp_path / "ubuntu-pin", dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
                      solve_sh="apt-get install -y --no-download wget=1.21.4-1ubuntu4.1 || exit 1\n"
                               "echo done > /app/out.txt\n",
-                     test_sh='[ -f /app/out.txt ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')  # fmt: skip
-    out = trial(task, "oracle", tmp_path / "job")
-    assert out.reward is None and out.outcome == "sandbox_error", out
-    exc = harbor_result_of(out)["exception_info"]
-    assert exc["exception_type"] == "StandInBaseError", exc
-    assert "solution asks apt for what the stand-in base lacks: wget=1.21.4-1ubuntu4.1" in exc["exception_message"]
-    nop = trial(task, "nop", tmp_path / "job")
-    assert (nop.reward, nop.outcome) == (0.0, "failure"), nop
-    assert harbor_result_of(nop)["exception_info"] is None
+                     test_sh=OUT_TXT_TEST)  # fmt: skip
+    assert_oracle_fault_nop_scored(task, tmp_path / "job", "StandInBaseError",
+                                   "solution asks apt for what the stand-in base lacks: wget=1.21.4-1ubuntu4.1")
 
 
 def test_reference_solution_filling_the_writable_layer_is_a_sandbox_fault(tmp_path):
@@ -322,11 +333,6 @@ def test_reference_solution_filling_the_writable_layer_is_a_sandbox_fault(tmp_pa
                      # like pip: remove what could not be finished, then print the error
                      solve_sh='err=$(dd if=/dev/zero of=/app/blob bs=1M count=200 2>&1) || { rm -f /app/blob; echo "$err"; exit 1; }\n'
                               "echo done > /app/out.txt\n",
-                     test_sh='[ -f /app/out.txt ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')  # fmt: skip
-    out = trial(task, "oracle", tmp_path / "job")
-    assert out.reward is None and out.outcome == "sandbox_error", out
-    exc = harbor_result_of(out)["exception_info"]
-    assert exc["exception_type"] == "WritableLayerFullError", exc
-    assert "solution ran out of the sandbox's writable layer (64 MiB" in exc["exception_message"], exc
-    nop = trial(task, "nop", tmp_path / "job")
-    assert (nop.reward, nop.outcome) == (0.0, "failure"), nop
+                     test_sh=OUT_TXT_TEST)  # fmt: skip
+    assert_oracle_fault_nop_scored(task, tmp_path / "job", "WritableLayerFullError",
+                                   "solution ran out of the sandbox's writable layer (64 MiB")
