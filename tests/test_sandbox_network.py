@@ -206,6 +206,12 @@ def test_offline_shim_applies_in_harbor_trials(tmp_path):
         ("http_conn_args = {'check_hostname': None, 'context': None}, host = 'github.com'\n"
          "headers = {'Connection': 'close', 'Host': 'github.com', 'User-Agent': 'Python-urllib/3.11'}\n"
          "E       socket.gaierror: [Errno -2] Name or service not known", ["github.com"]),
+        # add-apt-repository of a PPA when Launchpad's API is out of reach (rstan-to-pystan, host network)
+        ("+ sudo add-apt-repository -y ppa:deadsnakes/ppa\nTraceback (most recent call last):\n"
+         '  File "/usr/bin/add-apt-repository", line 362, in <module>\n'
+         '  File "/usr/lib/python3/dist-packages/softwareproperties/ppa.py", line 113, in lpteam\n'
+         "    self._lpteam = self.lp.people(self.teamname)\n"
+         "AttributeError: 'NoneType' object has no attribute 'people'", ["api.launchpad.net"]),
         # ... but a frame's host with no failure is nobody's fault
         ("headers = {'Host': 'example.org'}\nE   assert 404 == 200", []),
     ],
@@ -336,3 +342,27 @@ def test_reference_solution_filling_the_writable_layer_is_a_sandbox_fault(tmp_pa
                      test_sh=OUT_TXT_TEST)  # fmt: skip
     assert_oracle_fault_nop_scored(task, tmp_path / "job", "WritableLayerFullError",
                                    "solution ran out of the sandbox's writable layer (64 MiB")
+
+
+def test_verifier_package_install_filling_the_layer_is_a_sandbox_fault_unless_the_agent_filled_it(tmp_path):
+    """With the host's network the verifier's shim installs what uvx is asked for from PyPI; when that install
+    runs out of the writable layer (Terminal-Bench 2.0's torch tasks: torch 2.7.0 with its CUDA wheels in a 3 GiB
+    layer) and the agent had left the layer at most half full, Harbor's result.json records WritableLayerFullError
+    naming the package. A reference solution that left the layer more than half full makes the same install fail
+    as its own doing: a scored 0 with no exception, and not a network fault either."""
+    test_sh = ('uvx -w scipy==1.14.1 python3 -c "import scipy" && echo 1 > /logs/verifier/reward.txt '
+               "|| echo 0 > /logs/verifier/reward.txt\n")  # fmt: skip
+    toml = "[environment]\nstorage_mb = 48\n"
+    small = make_task(tmp_path / "small", toml=toml, test_sh=test_sh, solve_sh="echo done > /app/out.txt\n")
+    out = trial(small, "oracle", tmp_path / "job", public_network="host")
+    assert out.reward is None and out.outcome == "sandbox_error", out
+    exc = harbor_result_of(out)["exception_info"]
+    assert exc["exception_type"] == "WritableLayerFullError", exc
+    assert "verifier's package install ran out of the sandbox's writable layer (48 MiB" in exc["exception_message"]
+    assert exc["exception_message"].endswith("python:scipy (give the trial more with --ek storage_mb=... memory_mb=...)")
+    assert "; " not in exc["exception_message"]  # one reason: the tables split a trial's reasons at "; "
+    filler = make_task(tmp_path / "filler", toml=toml, test_sh=test_sh,
+                       solve_sh="dd if=/dev/zero of=/app/blob bs=1M count=30 2>/dev/null; echo done > /app/out.txt\n")
+    out = trial(filler, "oracle", tmp_path / "job", public_network="host")
+    assert (out.reward, out.outcome) == (0.0, "failure"), out
+    assert harbor_result_of(out)["exception_info"] is None

@@ -118,6 +118,9 @@ def test_detect_and_find():
         ("unsupported-instruction", "environment/Dockerfile:3", "ONBUILD is not supported by the local sandbox"),
         ("unsupported-base", "environment/Dockerfile:1", "FROM alpine:3.20: the local sandbox's userland is a Debian"),
         ("multi-stage", "environment/Dockerfile:3", "a second FROM (a multi-stage build; the first stage starts at line 1) is not supported"),
+        ("incomplete-copy", "environment/vendor/data.tar.gz",
+         "missing: its checksum file data.tar.gz.sha256 is here, the file is not"),
+        ("lfs-pointer", "environment/weights.pt", "a Git LFS pointer, not the file's content"),
         ("tb1-no-instruction", "task.yaml", "no instruction"),
         ("tb1-bad-yaml", "task.yaml", "invalid YAML (line 3, column 1): found unexpected end of stream"),
     ],
@@ -141,3 +144,14 @@ def test_not_a_task_folder(tmp_path):
         load_task(tmp_path)
     with pytest.raises(TaskLoadError, match="not a directory"):
         load_task(tmp_path / "nothing")
+
+
+def test_a_checksum_file_of_other_files_is_not_an_incomplete_copy(tmp_path):
+    # `data.md5` lists files that are all present; only a checksum file naming its own absent sibling refuses
+    task = tmp_path / "tb2-hello"
+    shutil.copytree(FIXTURES / "tb2-hello", task)
+    (task / "environment" / "data.md5").write_text("d41d8cd98f00b204e9800998ecf8427e  Dockerfile\n")
+    assert load_task(task).source_dir == task.resolve()
+    (task / "environment" / "data.md5").write_text("d41d8cd98f00b204e9800998ecf8427e  data\n")
+    with pytest.raises(TaskLoadError, match="missing: its checksum file data.md5 is here"):
+        load_task(task)

@@ -19,7 +19,8 @@ sandbox recorded as looked up (``<trial>/`` :data:`reterm.sandbox.network.NETWOR
 messages in the phase's output (:func:`reterm.sandbox.network.unreachable_hosts`), and for the verifier the
 packages the offline shim could not install (``verifier/`` :data:`reterm.sandbox.shim.MISSING_LOG`). Hosts do
 not count for the verifier when its CTRF report shows that tests ran and none failed for want of a host
-(a look-up on the way, such as ``apt-get update``, did not decide the reward); missing packages always count.
+(a look-up on the way, such as ``apt-get update``, did not decide the reward); missing packages count unless
+the verifier's output says the writable layer was full (:func:`verifier_install_storage_fault`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ class WritableLayerFullError(RuntimeError):
     The local sandbox keeps a trial's writes in a size-limited tmpfs that counts against its memory
     (:func:`reterm.sandbox.local.effective_storage_mb`), where Docker gives a container the host's disk; a
     solution that installs large packages (Terminal-Bench 2.0's gcode-to-text: opencv, matplotlib, tesseract)
-    can pass there and fail here with ``[Errno 28] No space left on device``. Only the reference solution counts
-    (:func:`phase_storage_fault`): what an agent writes until the layer is full is the agent's failure.
+    can pass there and fail here with ``[Errno 28] No space left on device``. The reference solution counts
+    (:func:`phase_storage_fault`), and the verifier's own package install when the agent had left the layer at
+    most half full (:func:`verifier_install_storage_fault`): what an agent writes until the layer is full is the
+    agent's failure.
     :mod:`reterm.agent.trial_outcome` reads it as ``sandbox_error``."""
 
 
@@ -102,12 +105,40 @@ _ENOSPC = re.compile(r"No space left on device")
 
 
 def phase_storage_fault(solution_output: Path, storage_mb: int) -> str | None:
-    """``"solution ran out of the sandbox's writable layer (N MiB, in memory) ..."`` when the reference
+    """``"solution ran out of the sandbox's writable layer (N MiB, held in memory, ...)"`` when the reference
     solution's output holds ``No space left on device`` (ENOSPC), else ``None``."""
     if not _ENOSPC.search(read_text(solution_output)):
         return None
-    return (f"solution ran out of the sandbox's writable layer ({storage_mb} MiB, held in memory; Docker gives a "
-            "container the host's disk): give the trial more with --ek storage_mb=... memory_mb=...")  # fmt: skip
+    return (f"solution ran out of the sandbox's writable layer ({storage_mb} MiB, held in memory, where Docker gives "
+            "a container the host's disk): give the trial more with --ek storage_mb=... memory_mb=...")  # fmt: skip
+
+
+def verifier_install_storage_fault(verifier_output: Path, missing_log: Path, storage_mb: int,
+                                   used_at_start_mb: float | None) -> str | None:
+    """``"verifier's package install ran out of the sandbox's writable layer ..."`` when the verifier's packages
+    could not be installed (the shim's missing log lists them) and its output holds ``No space left on device``,
+    while the layer was at most half full when the verifier started; else ``None``.
+
+    Terminal-Bench 2.0's torch tasks ask uvx for ``torch==2.7.0``, about 4 GB installed with its CUDA wheels: it
+    fits Docker's disk but not a layer of 3 GiB held in memory. The half-full rule keeps the blame where it
+    belongs: an agent that left the layer more than half full when the verifier began made the room that was
+    missing, and its trial stays scored (:func:`phase_network_fault` then does not call the packages a network
+    fault either).
+
+    Args:
+        verifier_output: the verifier's ``test-stdout.txt``.
+        missing_log: the shim's :data:`reterm.sandbox.shim.MISSING_LOG` in the trial's ``verifier/``.
+        storage_mb: the writable layer's size (MiB).
+        used_at_start_mb: MiB in use in the layer when the verifier started (``None``: not measured, no fault).
+    """
+    missing = sorted(set(read_text(missing_log).split()))
+    if not missing or used_at_start_mb is None or used_at_start_mb > storage_mb / 2:
+        return None
+    if not _ENOSPC.search(read_text(verifier_output)):
+        return None
+    return (f"verifier's package install ran out of the sandbox's writable layer ({storage_mb} MiB, held in memory, "
+            f"where Docker gives a container the host's disk, {used_at_start_mb:.0f} MiB in use when the verifier "
+            f"started): {', '.join(missing)} (give the trial more with --ek storage_mb=... memory_mb=...)")  # fmt: skip
 
 
 def read_text(path: Path, limit: int = 4 << 20) -> str:
@@ -195,7 +226,9 @@ def phase_network_fault(
         if phase == "verifier":
             if cleared:  # the tests ran, and none failed for want of a host
                 hosts = {}
-            missing = sorted(set(read_text(trial_dir / "verifier" / MISSING_LOG).split()))
+            # packages that did not fit the writable layer are not the network's (verifier_install_storage_fault)
+            if not _ENOSPC.search(read_text(output)):
+                missing = sorted(set(read_text(trial_dir / "verifier" / MISSING_LOG).split()))
         if hosts:
             reasons.append(f"{phase} could not reach: {', '.join(hosts)}")
         if missing:

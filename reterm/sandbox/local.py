@@ -80,13 +80,14 @@ from reterm.sandbox.faults import (
     phase_base_fault,
     phase_network_fault,
     phase_storage_fault,
+    verifier_install_storage_fault,
     written_reward,
 )
 from reterm.sandbox.network import NETWORK_LOG, recorder
 from reterm.sandbox.paths import rmtree_writable
 from reterm.sandbox.preflight import missing_tools, require_root_or_explain
 from reterm.sandbox.rootless import require_rootless_or_explain, sandbox_mode
-from reterm.sandbox.shim import SHIM_BASH_ENV, SHIM_TARGET, shim_dir
+from reterm.sandbox.shim import MISSING_LOG, SHIM_BASH_ENV, SHIM_TARGET, shim_dir
 from reterm.sandbox.snapshot import Snapshot
 from reterm.sandbox.sweep import sweep_once
 
@@ -139,7 +140,8 @@ class LocalOptions(EnvironmentOptions):
         description="after the verifier, raise NetworkUnreachableError (Harbor records it in result.json, no "
         "reward) when the reward is below 1 and the verifier or reference solution failed for want of a host "
         "its public phase asked for, or StandInBaseError when one of them asked apt for what the stand-in base "
-        "lacks, or WritableLayerFullError when the reference solution filled the writable layer "
+        "lacks, or WritableLayerFullError when the reference solution filled the writable layer, or the "
+        "verifier's package install did while the layer was at most half full "
         "(reterm/sandbox/faults.py); false: leave the reward as the verifier wrote it",
     )
     verifier_shim: bool = Field(
@@ -507,6 +509,8 @@ class LocalEnvironment(BaseEnvironment):
         u = self._resolve_user(user)
         if u is None:
             u = self._image_user
+        checks_faults = self.options.network_faults and _is_verifier_command(command)
+        used_at_start = await self._layer_used_mb() if checks_faults else None
         started = time.time()
         r = await box.run(
             box.wrap_command(command, user=u, cwd=cwd or self._workdir, set_home=set_home),
@@ -520,17 +524,30 @@ class LocalEnvironment(BaseEnvironment):
             self._solution_window = window
         if r.timed_out:
             raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds", stdout, stderr)
-        if self.options.network_faults and _is_verifier_command(command):
-            await self._raise_infra_fault(window)
+        if checks_faults:
+            await self._raise_infra_fault(window, used_at_start)
         return ExecResult(stdout=stdout or None, stderr=stderr or None, return_code=r.return_code)
 
-    async def _raise_infra_fault(self, verifier_window: tuple[float, float]) -> None:
+    async def _layer_used_mb(self) -> float | None:
+        """MiB in use in the writable layer now (``statfs`` of ``/`` in the sandbox: overlayfs reports its upper
+        layer's file system), ``None`` when it cannot be read."""
+        try:
+            r = await self._root_run(["stat", "-f", "-c", "%b %f %S", "/"])
+            blocks, free, size = (int(w) for w in r.stdout.decode().split())
+        except (ValueError, OSError, SandboxError):
+            return None
+        return (blocks - free) * size / 2**20
+
+    async def _raise_infra_fault(self, verifier_window: tuple[float, float], used_at_start_mb: float | None = None
+                                 ) -> None:  # fmt: skip
         """Raise :class:`NetworkUnreachableError` when the verifier that just ran wrote a reward below 1 (or
         none) and it, or the reference solution before it, failed for want of a host its ``public`` phase
         asked for (:func:`reterm.sandbox.faults.phase_network_fault`), else :class:`StandInBaseError` when one
         of them asked apt for a package or version the stand-in base lacks
         (:func:`reterm.sandbox.faults.phase_base_fault`), else :class:`WritableLayerFullError` when the reference
-        solution ran out of the writable layer (:func:`reterm.sandbox.faults.phase_storage_fault`). Harbor then
+        solution ran out of the writable layer (:func:`reterm.sandbox.faults.phase_storage_fault`) or the
+        verifier's package install did while the layer held at most half of its size, ``used_at_start_mb``,
+        when the verifier began (:func:`reterm.sandbox.faults.verifier_install_storage_fault`). Harbor then
         records the fault in ``result.json`` with no reward instead of scoring 0.
 
         Reads the verifier's files (reward, output, CTRF report, the shim's missing log) from the sandbox's
@@ -550,6 +567,10 @@ class LocalEnvironment(BaseEnvironment):
         phases = [("verifier", verifier_window, verifier_dir / "test-stdout.txt")]
         if self._solution_window is not None:
             phases.insert(0, ("solution", self._solution_window, self.trial_paths.agent_dir / "oracle.txt"))
+        reason = verifier_install_storage_fault(verifier_dir / "test-stdout.txt", verifier_dir / MISSING_LOG,
+                                                self._limits()["storage_mb"], used_at_start_mb)
+        if reason:
+            raise WritableLayerFullError(reason)
         reason = phase_network_fault(self.trial_paths.trial_dir, phases)
         if reason:
             raise NetworkUnreachableError(reason)

@@ -69,6 +69,13 @@ _CONTEXT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         r"'Host': '([A-Za-z0-9.-]+)'",  # urllib.request's headers
     )
 )
+# Failures that mean one known host was not reached, though no message names it: add-apt-repository asks
+# Launchpad's API about a PPA and, when launchpadlib cannot connect, fails on the missing client
+# (``self.lp.people``: AttributeError on None; Terminal-Bench 2.0 rstan-to-pystan, ppa:deadsnakes).
+_IMPLIED_HOSTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"softwareproperties/ppa\.py\"[^\n]*\n(?:[^\n]*\n){0,12}?AttributeError: 'NoneType' object has no "
+                r"attribute"), "api.launchpad.net"),
+)
 # Messages that say a name could not be resolved without naming it (Python's socket.gaierror, pip).
 _ANONYMOUS = re.compile(
     r"Temporary failure in name resolution|Name or service not known|nodename nor servname provided|"
@@ -83,8 +90,12 @@ def unreachable_hosts(text: str) -> list[str]:
     """Host names that ``text`` (a program's output) reports as unresolvable or unreachable, in first-seen
     order; ``localhost`` and the sandbox's own names are left out (a server the task should have started is
     the task's business, not the network's). A host named only in a traceback's frames counts when the text
-    also holds an anonymous look-up failure (``socket.gaierror: [Errno -2] Name or service not known``)."""
+    also holds an anonymous look-up failure (``socket.gaierror: [Errno -2] Name or service not known``); a few
+    failures imply their host without naming it (:data:`_IMPLIED_HOSTS`)."""
     seen: dict[str, None] = {}
+    for pat, host in _IMPLIED_HOSTS:
+        if pat.search(text):
+            seen.setdefault(host, None)
     patterns = _HOST_PATTERNS + (_CONTEXT_PATTERNS if _ANONYMOUS.search(text) else ())
     for pat in patterns:
         for m in pat.finditer(text):

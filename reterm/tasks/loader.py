@@ -227,12 +227,46 @@ def check_local_build(task_dir: Path, config: TaskConfig) -> None:
         raise TaskLoadError(where, problem) from None
 
 
+#: Checksum files that name the file beside them (``X.sha256`` is the digest of ``X``).
+CHECKSUM_SUFFIXES = (".sha256", ".sha256sum", ".sha512", ".md5")
+#: The first line of a Git LFS pointer file (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md).
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+
+
+def check_copy_complete(task_dir: Path, origin: Path | None = None) -> None:
+    """Refuse a copy of a task that lacks one of its files: a checksum file ``X.sha256`` (or ``.sha256sum``,
+    ``.sha512``, ``.md5``) that names ``X`` (``sha256sum``'s ``DIGEST  X``) while ``X`` is absent, or a Git LFS pointer (a file of at most 1 KiB that starts with
+    :data:`LFS_POINTER`) in place of its content. Public copies of benchmarks drop large binaries this way
+    (Terminal-Bench 2.0's ``sqlite-with-gcov`` in one copy keeps ``vendor/sqlite-fossil-release.tar.gz.sha256``
+    without the archive, and its reference solution then fails at ``tar``): such a task cannot score what Docker
+    would on a complete copy, so it is refused before anything is built.
+
+    Raises:
+        TaskLoadError: naming the absent file (or the pointer) relative to ``origin`` (default ``task_dir``).
+    """
+    origin = origin or task_dir
+    for path in sorted(task_dir.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        where = origin / path.relative_to(task_dir)
+        target = path.with_suffix("")
+        if path.suffix in CHECKSUM_SUFFIXES and not target.exists() and path.stat().st_size <= 4096 \
+                and target.name in path.read_text(errors="replace"):
+            raise TaskLoadError(where.with_suffix(""), f"missing: its checksum file {path.name} is here, the file "
+                                "is not (an incomplete copy of the task: fetch the file, e.g. with git lfs pull)")
+        if path.stat().st_size <= 1024:
+            with path.open("rb") as fh:
+                if fh.read(len(LFS_POINTER)) == LFS_POINTER:
+                    raise TaskLoadError(where, "a Git LFS pointer, not the file's content (an incomplete copy of "
+                                        "the task: run git lfs pull in its repository)")
+
+
 def _validate_folder(task_dir: Path, config: TaskConfig, *, origin: Path | None = None) -> None:
     """Checks Harbor's Task constructor does not make (or makes with less helpful messages).
 
     Raises:
-        TaskLoadError: no or an empty instruction, a verifier that writes no reward, or a timeout or
-            resource size in ``task.toml`` that is zero or negative.
+        TaskLoadError: no or an empty instruction, a verifier that writes no reward, a file the copy lacks
+            (:func:`check_copy_complete`), or a timeout or resource size in ``task.toml`` that is zero or negative.
     """
     origin = origin or task_dir
     if not config.steps:
@@ -242,6 +276,7 @@ def _validate_folder(task_dir: Path, config: TaskConfig, *, origin: Path | None 
         if not instruction.read_text(errors="replace").strip():
             raise TaskLoadError(origin / "instruction.md", "is empty: the task has no instruction for the agent")
     check_reward_written(task_dir / "tests")
+    check_copy_complete(task_dir, origin)
     # Harbor accepts these at any value; zero or less makes every trial stop at once (counted as an agent
     # failure) or a sandbox that cannot start (new-user case: `timeout_sec = -5` passed `tasks check`)
     for section, name in (("agent", "timeout_sec"), ("verifier", "timeout_sec"), ("environment", "build_timeout_sec"),
