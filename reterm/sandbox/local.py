@@ -567,20 +567,19 @@ class LocalEnvironment(BaseEnvironment):
         phases = [("verifier", verifier_window, verifier_dir / "test-stdout.txt")]
         if self._solution_window is not None:
             phases.insert(0, ("solution", self._solution_window, self.trial_paths.agent_dir / "oracle.txt"))
-        reason = verifier_install_storage_fault(verifier_dir / "test-stdout.txt", verifier_dir / MISSING_LOG,
-                                                self._limits()["storage_mb"], used_at_start_mb)
-        if reason:
-            raise WritableLayerFullError(reason)
         reason = phase_network_fault(self.trial_paths.trial_dir, phases)
-        if reason:
+        if reason:  # a host out of reach first: more room would not have made the trial pass
             raise NetworkUnreachableError(reason)
         reason = phase_base_fault([(name, output) for name, _, output in phases])
         if reason:
             raise StandInBaseError(reason)
+        storage_mb = self._limits()["storage_mb"]
         if self._solution_window is not None:
-            reason = phase_storage_fault(self.trial_paths.agent_dir / "oracle.txt", self._limits()["storage_mb"])
-            if reason:
-                raise WritableLayerFullError(reason)
+            reason = phase_storage_fault(self.trial_paths.agent_dir / "oracle.txt", storage_mb)
+        reason = reason or verifier_install_storage_fault(verifier_dir / "test-stdout.txt", verifier_dir / MISSING_LOG,
+                                                          storage_mb, used_at_start_mb)  # fmt: skip
+        if reason:
+            raise WritableLayerFullError(reason)
 
     async def _root_run(self, argv: list[str], **kw) -> Any:
         box = self.box
