@@ -131,7 +131,7 @@ def verifier_install_storage_fault(verifier_output: Path, missing_log: Path, sto
         storage_mb: the writable layer's size (MiB).
         used_at_start_mb: MiB in use in the layer when the verifier started (``None``: not measured, no fault).
     """
-    missing = sorted(set(read_text(missing_log).split()))
+    missing = shim_missing(missing_log)
     if not missing or used_at_start_mb is None or used_at_start_mb > storage_mb / 2:
         return None
     if not _ENOSPC.search(read_text(verifier_output)):
@@ -139,6 +139,12 @@ def verifier_install_storage_fault(verifier_output: Path, missing_log: Path, sto
     return (f"verifier's package install ran out of the sandbox's writable layer ({storage_mb} MiB, held in memory, "
             f"where Docker gives a container the host's disk, {used_at_start_mb:.0f} MiB in use when the verifier "
             f"started): {', '.join(missing)} (give the trial more with --ek storage_mb=... memory_mb=...)")  # fmt: skip
+
+
+def shim_missing(missing_log: Path) -> list[str]:
+    """The packages the verifier shim could not install (``apt:NAME`` / ``python:NAME``), sorted, once each, from
+    its :data:`reterm.sandbox.shim.MISSING_LOG`; ``[]`` when there is none."""
+    return sorted(set(read_text(missing_log).split()))
 
 
 def read_text(path: Path, limit: int = 4 << 20) -> str:
@@ -228,7 +234,7 @@ def phase_network_fault(
                 hosts = {}
             # packages that did not fit the writable layer are not the network's (verifier_install_storage_fault)
             if not _ENOSPC.search(read_text(output)):
-                missing = sorted(set(read_text(trial_dir / "verifier" / MISSING_LOG).split()))
+                missing = shim_missing(trial_dir / "verifier" / MISSING_LOG)
         if hosts:
             reasons.append(f"{phase} could not reach: {', '.join(hosts)}")
         if missing:

@@ -574,8 +574,8 @@ class LocalEnvironment(BaseEnvironment):
         if reason:
             raise StandInBaseError(reason)
         storage_mb = self._limits()["storage_mb"]
-        if self._solution_window is not None:
-            reason = phase_storage_fault(self.trial_paths.agent_dir / "oracle.txt", storage_mb)
+        solution_output = self.trial_paths.agent_dir / "oracle.txt"
+        reason = phase_storage_fault(solution_output, storage_mb) if self._solution_window is not None else None
         reason = reason or verifier_install_storage_fault(verifier_dir / "test-stdout.txt", verifier_dir / MISSING_LOG,
                                                           storage_mb, used_at_start_mb)  # fmt: skip
         if reason:

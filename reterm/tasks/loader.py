@@ -235,8 +235,8 @@ LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 
 def check_copy_complete(task_dir: Path, origin: Path | None = None) -> None:
     """Refuse a copy of a task that lacks one of its files: a checksum file ``X.sha256`` (or ``.sha256sum``,
-    ``.sha512``, ``.md5``) that names ``X`` (``sha256sum``'s ``DIGEST  X``) while ``X`` is absent, or a Git LFS pointer (a file of at most 1 KiB that starts with
-    :data:`LFS_POINTER`) in place of its content. Public copies of benchmarks drop large binaries this way
+    ``.sha512``, ``.md5``) that names ``X`` (``sha256sum``'s ``DIGEST  X``) while ``X`` is absent, or a Git LFS
+    pointer (a file of at most 1 KiB that starts with :data:`LFS_POINTER`) in place of its content. Public copies of benchmarks drop large binaries this way
     (Terminal-Bench 2.0's ``sqlite-with-gcov`` in one copy keeps ``vendor/sqlite-fossil-release.tar.gz.sha256``
     without the archive, and its reference solution then fails at ``tar``): such a task cannot score what Docker
     would on a complete copy, so it is refused before anything is built.
@@ -250,11 +250,12 @@ def check_copy_complete(task_dir: Path, origin: Path | None = None) -> None:
             continue
         where = origin / path.relative_to(task_dir)
         target = path.with_suffix("")
-        if path.suffix in CHECKSUM_SUFFIXES and not target.exists() and path.stat().st_size <= 4096 \
+        size = path.stat().st_size
+        if path.suffix in CHECKSUM_SUFFIXES and not target.exists() and size <= 4096 \
                 and target.name in path.read_text(errors="replace"):
             raise TaskLoadError(where.with_suffix(""), f"missing: its checksum file {path.name} is here, the file "
                                 "is not (an incomplete copy of the task: fetch the file, e.g. with git lfs pull)")
-        if path.stat().st_size <= 1024:
+        if size <= 1024:
             with path.open("rb") as fh:
                 if fh.read(len(LFS_POINTER)) == LFS_POINTER:
                     raise TaskLoadError(where, "a Git LFS pointer, not the file's content (an incomplete copy of "
