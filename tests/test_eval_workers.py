@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from reterm import workers
 from reterm.drills import generate_drills
 from reterm.eval import drills as eval_drills
 from reterm.policies.scripted import ScriptedPolicy
@@ -36,7 +37,7 @@ def test_two_workers_share_the_states_and_write_one_result(tmp_path, capfd, monk
     assert rc == 0
     said = capfd.readouterr().out  # the workers' output too
     threads = max(1, (os.cpu_count() or 1) // 2)
-    assert f"2 models in 2 worker processes of {threads} threads" in said
+    assert f"2 worker processes of {threads} threads for 2 models" in said
     assert said.count("two-stage pass rate from task start") == 1  # built once, by the parent; no worker rebuilt
     assert said.count("[eval-drills] model base = smollm2") == said.count("[eval-drills] model sft = smollm2") == 1
     results = json.loads((out / "results.json").read_text())
@@ -114,9 +115,9 @@ def test_the_cores_are_split_among_the_processes_that_run(monkeypatch):
             return 0
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(eval_drills.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(eval_drills.subprocess, "Popen", Done)
-    monkeypatch.setattr(eval_drills.time, "sleep", lambda s: None)
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(workers.subprocess, "Popen", Done)
+    monkeypatch.setattr(workers.time, "sleep", lambda s: None)
     assert eval_drills.run_workers(["--tasks", "d"], ["a", "b"], 3) == {}
     assert [env["OMP_NUM_THREADS"] for _, env in started] == ["8", "8"]  # 2 processes, not 3
     assert [cmd[-1] for cmd, _ in started] == ["a", "b"] and all("--keep-states" in cmd for cmd, _ in started)

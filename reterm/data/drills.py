@@ -23,6 +23,10 @@ used here (they are the evaluation's).
 
 Resuming: each finished batch is appended to ``DIR/.drills/journal.jsonl``; a re-run skips what is there.
 
+``--workers N`` runs the batches in N processes (:mod:`reterm.workers`), each with cpus/N threads, taking the
+batches one at a time (:class:`reterm.workers.Claims`) and appending them to the one journal under a lock; this
+process then writes the folder from it.
+
 Rounds: ``--extends PREV`` makes a new version of the dataset in ``--output`` that starts from ``PREV``'s journal
 (copied, never written back) and adds the new policies' records: the second round (the SFT model's own failed
 attempts) is its own folder, so the version SFT trained on is never rewritten. ``stats.json`` records the round
@@ -43,13 +47,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reterm import workers as workers_mod
 from reterm.agent.episode import load_task
 from reterm.agent.protocol import PROMPT_VERSION
 from reterm.data.layout import write_dataset_folder
 from reterm.drills.families import FAMILIES
 from reterm.drills.generate import recovery_commands, stage_parts
 from reterm.drills.multistage import record_kinds, resume_plan, turn_budget
-from reterm.generation import MAX_TURN_TOKENS
+from reterm.generation import MAX_TURN_TOKENS, apply_thread_policy
 from reterm.policies import load_policy
 from reterm.policies.scripted import OraclePolicy
 from reterm.records import NO_FAILURE_STEP, trains_on_mistake
@@ -376,7 +381,8 @@ def own_multistage_dirs(multi: list[Path], n: int) -> list[Path]:
 def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = (), max_turns: int, batch: int,
           held_out: float, max_tasks: int | None = None, max_new_tokens: int = MAX_TURN_TOKENS,
           own_tasks: int | None = None, own_multistage: int = 0, injected_per_family: int | None = None,
-          reference_per_family: int = 0, extends: Path | None = None) -> dict[str, Any]:  # fmt: skip
+          reference_per_family: int = 0, extends: Path | None = None,
+          worker: tuple[int, int] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """Build the dataset folder (see the module docstring). Returns its ``stats.json`` content.
 
     Args:
@@ -404,7 +410,10 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
             instances, not many records of a few: an SFT start trained on 1-3 instances per family repeated the
             instance's own strings on held-out instances (issue 30).
         extends: a dataset folder this build makes the next round of (see the module docstring): its journal
-            seeds ``output``'s when ``output`` has none yet; ``extends`` itself is only read.
+            seeds ``output``'s when ``output`` has none yet (:func:`seed_journal`); ``extends`` itself is only read.
+        worker: ``(I, N)``: this is worker I of N (``--workers``): run only the batches it claims
+            (:class:`reterm.workers.Claims` in ``output/.drills/claims``), append them to the journal and write no
+            folder (returns ``None``); the folder is written by a run without ``worker``.
 
     Raises:
         FileNotFoundError: ``extends`` has no journal or no ``stats.json`` (not a folder this module wrote).
@@ -418,22 +427,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     single = [d for d in every if d not in two_stage][:max_tasks]
     dirs = single + multi
     journal_path = output / ".drills" / "journal.jsonl"
-    previous: dict[str, Any] | None = None
-    if extends is not None:
-        extends = Path(extends)
-        if extends.resolve() == Path(output).resolve():
-            raise ValueError(f"--extends {extends} is the output folder: a new round needs its own folder")
-        prev_journal, prev_stats = extends / ".drills" / "journal.jsonl", extends / "stats.json"
-        for path in (prev_journal, prev_stats):
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: missing; --extends needs a dataset folder written by pipeline.drills")
-        previous = json.loads(prev_stats.read_text())
-        if not journal_path.exists():
-            journal_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = journal_path.with_name(journal_path.name + ".tmp")
-            tmp.write_bytes(prev_journal.read_bytes())
-            tmp.replace(journal_path)
-    journal_path.parent.mkdir(parents=True, exist_ok=True)
+    previous = seed_journal(output, extends)
     done: list[dict[str, Any]] = []
     if journal_path.exists():
         done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
@@ -497,18 +491,24 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                 return _batch(loaded[key], own_teacher, chunk, "own", max(max_turns, OWN_MULTISTAGE_TURNS, budget),
                               policy_label(spec), teacher_turns=max(8, budget))  # fmt: skip
             work.append((f"own-multi:{spec}", own_multi, batch, run_own_multi))
+    tag = f"worker {worker[0]}/{worker[1]}: " if worker else ""
+    claims = workers_mod.Claims(journal_path.parent / "claims") if worker else None
     for key, key_dirs, size, run_chunk in work:
-        todo = [d for d in key_dirs if (key, d.name) not in seen]
-        for i in range(0, len(todo), size):
-            chunk = todo[i : i + size]
+        # batches are cut from the kind's whole task list, so that they are the same in every worker
+        chunks = [(f"{key}#{i}", key_dirs[i : i + size]) for i in range(0, len(key_dirs), size)]
+        todo = [(name, c) for name, c in ((n, [d for d in c if (key, d.name) not in seen]) for n, c in chunks) if c]
+        for i, (name, chunk) in enumerate(todo):
+            if claims is not None and not claims.take(name.replace("/", "_").replace(":", "_")):
+                continue
             entry = asyncio.run(run_chunk(chunk))
             entry["key"] = key
-            with journal_path.open("a") as f:
-                f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            workers_mod.append_lines(journal_path, [json.dumps(entry, ensure_ascii=False)])
             done.append(entry)
             n = sum(len(e["records"]) for e in done)
-            print(f"[drills-data] {key}: {min(i + size, len(todo))}/{len(todo)} tasks, {n} records, "
+            print(f"[drills-data] {tag}{key}: batch {i + 1}/{len(todo)} ({len(chunk)} tasks), {n} records, "
                   f"{time.monotonic() - t0:.0f}s", flush=True)  # fmt: skip
+    if worker:
+        return None
     rows = [{**r, "source_policy": policy_label(r["source_policy"])} for e in done for r in e["records"]]  # older journals
     uniq: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -576,8 +576,51 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     return stats
 
 
+def seed_journal(output: Path, extends: Path | None) -> dict[str, Any] | None:
+    """Make ``output``'s journal folder; with ``extends`` (an earlier round's dataset folder), copy its journal
+    there when ``output`` has none yet (atomically). Returns ``extends``'s ``stats.json`` content, or ``None``
+    without ``extends``.
+
+    Raises:
+        FileNotFoundError: ``extends`` has no journal or no ``stats.json`` (the path named).
+        ValueError: ``extends`` is ``output``.
+    """
+    journal_path = Path(output) / ".drills" / "journal.jsonl"
+    journal_path.parent.mkdir(parents=True, exist_ok=True)
+    if extends is None:
+        return None
+    extends = Path(extends)
+    if extends.resolve() == Path(output).resolve():
+        raise ValueError(f"--extends {extends} is the output folder: a new round needs its own folder")
+    prev_journal, prev_stats = extends / ".drills" / "journal.jsonl", extends / "stats.json"
+    for path in (prev_journal, prev_stats):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing; --extends needs a dataset folder written by pipeline.drills")
+    if not journal_path.exists():
+        tmp = journal_path.with_name(journal_path.name + ".tmp")
+        tmp.write_bytes(prev_journal.read_bytes())
+        tmp.replace(journal_path)
+    return json.loads(prev_stats.read_text())
+
+
+def _without(argv: list[str], *options: str) -> list[str]:
+    """``argv`` without ``OPTION VALUE`` / ``OPTION=VALUE`` for each of ``options``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in options)):
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.drills", description=__doc__.split("\n\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # no abbreviations: the --workers processes get this command line with --workers replaced
+    p = argparse.ArgumentParser(prog="python -m pipeline.drills", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)  # fmt: skip
     p.add_argument("--tasks", required=True, type=Path, help="a drills folder (reterm tasks drills --out ...)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--policy", action="append", default=None,
@@ -599,13 +642,37 @@ def main(argv: list[str] | None = None) -> int:
                         "(the injected mistakes take the first ones; default 0)")
     p.add_argument("--extends", type=Path, default=None,
                    help="a dataset folder (an earlier round) this one extends; it is read, never rewritten")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes that run the batches side by side, each with cpus/N threads (reterm.workers; "
+                        "default 1). On 2 cores two single-thread processes generate 1.33-1.35x the rows a second "
+                        "of one two-thread process (bench/decode.py), with the policies in memory in each")
+    p.add_argument("--worker", default=None, metavar="I/N",
+                   help="be worker I of N: run the batches no other worker has claimed and write no folder (what "
+                        "each --workers process runs)")
     a = p.parse_args(argv)
+    apply_thread_policy()  # before a policy loads torch (reterm.generation)
     try:
+        worker = workers_mod.parse_worker(a.worker) if a.worker is not None else None
+        if a.workers < 1:
+            raise ValueError(f"--workers {a.workers}: expected 1 or more")
+        if worker:
+            workers_mod.follow_parent()
+        elif a.workers > 1:
+            seed_journal(a.output, a.extends)  # once, before the workers share the journal
+            workers_mod.Claims.reset(a.output / ".drills" / "claims")
+            base = ["-m", "reterm.data.drills", *_without(argv, "--workers", "--worker"), "--workers", "1"]
+            failed = workers_mod.run_workers([(f"worker {i}/{a.workers}", [*base, "--worker", f"{i}/{a.workers}"])
+                                              for i in range(a.workers)], a.workers,
+                                             say=lambda m: print(f"[drills-data] {m}", flush=True))  # fmt: skip
+            if failed:
+                print(f"pipeline.drills: {sorted(failed)} failed (exit codes {failed}); a re-run resumes from the "
+                      "journal", file=sys.stderr)  # fmt: skip
+                return 1
         policies = [p for p in (a.policy if a.policy is not None else ["smollm2"]) if p]
         build(a.tasks, a.output, policies=policies, max_turns=a.max_turns, batch=a.batch,
               held_out=a.held_out, max_tasks=a.max_tasks, max_new_tokens=a.max_new_tokens,
               own_tasks=a.own_tasks, own_multistage=a.own_multistage, injected_per_family=a.injected_per_family,
-              reference_per_family=a.reference_per_family, extends=a.extends)
+              reference_per_family=a.reference_per_family, extends=a.extends, worker=worker)
     except (FileNotFoundError, ValueError) as exc:
         print(f"pipeline.drills: {exc}", file=sys.stderr)
         return 2

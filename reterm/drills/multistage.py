@@ -164,15 +164,27 @@ class MultiStageInstance:
 
 def generate_multistage(out: str | Path, seed: int, n: int, *,
                         families: tuple[str, ...] | list[str] = DEFAULT_STAGE_FAMILIES,
-                        stages: int = 2) -> list[MultiStageInstance]:  # fmt: skip
+                        stages: int = 2, write: bool = True) -> list[MultiStageInstance]:  # fmt: skip
     """Write ``n`` held-out multi-stage drills under ``out`` (:func:`chain_name`: ``multi-<index:03d>``,
     ``chain3-<index:03d>``, ...; existing identical folders are rewritten atomically, so a rerun gives the same
-    folders). Returns them in index order."""
+    folders). Returns them in index order.
+
+    ``write=False`` writes nothing and returns the same instances from folders an earlier call wrote (a process
+    that works on drills another one wrote, and may be reading, uses it).
+
+    Raises:
+        FileNotFoundError: with ``write=False``, a drill's folder is missing (named).
+    """
     out = Path(out)
     done = []
     for i in range(n):
         drill = make_multistage(seed, i, families=families, stages=stages)
         name = chain_name(stages, i)
+        if not write:
+            if not (out / name / "task.toml").is_file():
+                raise FileNotFoundError(f"{out / name}: no drill there (write the drills first)")
+            done.append(MultiStageInstance(name, drill.family, drill.category, out / name))
+            continue
         path = write_task(task_files(drill, name=name, split="test", seed=seed, index=i), out / name)
         done.append(MultiStageInstance(name, drill.family, drill.category, path))
     return done

@@ -41,14 +41,13 @@ import asyncio
 import gc
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from reterm import workers as workers_mod
 from reterm.data.drills import injected_teacher, mistake_policy, read_splits
 from reterm.drills.caps import unwinnable as find_unwinnable
 from reterm.drills.multistage import (
@@ -724,37 +723,11 @@ def _without_only(argv: list[str]) -> list[str]:
     return out
 
 
-PARENT_ENV = "RETERM_EVAL_PARENT"
-"""Set by :func:`run_workers` in each worker's environment: the parent's process id."""
-
-
-def _follow_parent() -> None:
-    """In a ``--workers`` process: stop (SIGTERM, whose handler exits through every ``finally``, so snapshots are
-    released) when the evaluation that started it dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``), so
-    that a re-run never finds an orphan still writing the same model's journal."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent:
-        return
-    def stop(*_: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would cut the cleanup short
-        sys.exit(128 + signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if str(os.getppid()) != parent:  # it died before the line above
-        sys.exit(128 + signal.SIGTERM)
-
-
 def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, int]:
-    """Evaluate ``names`` in separate processes, at most ``workers`` at a time, in order: each runs this command
-    line (``argv``) with ``--only NAME --workers 1 --keep-states`` and ``cpus / workers`` threads (unless
-    ``OMP_NUM_THREADS`` is set), so it writes ``DIR/NAME/metrics.json`` and nothing shared. Their output goes
-    to this process's stdout and stderr, line by line.
+    """Evaluate ``names`` in separate processes, at most ``workers`` at a time, in order
+    (:func:`reterm.workers.run_workers`): each runs this command line (``argv``) with ``--only NAME --workers 1
+    --keep-states`` and ``cpus / workers`` threads (unless ``OMP_NUM_THREADS`` is set), so it writes
+    ``DIR/NAME/metrics.json`` and nothing shared.
 
     A process leaves cores idle while it waits for the sandboxes between turns; on 2 cores two workers ran the same
     evaluation 1.22x faster than one process (``bench/eval_workers.py``: 96 attempts, 204 s against 249 s), with
@@ -762,45 +735,11 @@ def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, in
     first): the workers only read ``states.json``.
 
     Returns:
-        ``{name: exit code}`` of every worker that ended with a non-zero code (empty: all succeeded). On an
-        exception (Ctrl-C included) the running workers are stopped (SIGTERM: they release their snapshots on the
-        way out) before it propagates.
+        ``{name: exit code}`` of every worker that ended with a non-zero code (empty: all succeeded).
     """
-    workers = min(workers, len(names))  # the processes that run at once share the cores
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(threads))
-    root = str(Path(__file__).resolve().parents[2])  # the checkout whose reterm/ this is
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    env[PARENT_ENV] = str(os.getpid())
-    base = [sys.executable, "-m", "reterm.eval.drills", *_without_only(argv), "--workers", "1", "--keep-states"]
-    pending, running, failed = list(names), {}, {}
-    _say(f"{len(names)} models in {workers} worker processes of {env['OMP_NUM_THREADS']} threads: "
-         f"{names}")  # fmt: skip
-    try:
-        while pending or running:
-            while pending and len(running) < workers:
-                name = pending.pop(0)
-                running[name] = subprocess.Popen([*base, "--only", name], env=env)
-            time.sleep(0.5)
-            for name, proc in list(running.items()):
-                if proc.poll() is not None:
-                    del running[name]
-                    if proc.returncode:
-                        failed[name] = proc.returncode
-                        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else \
-                            f"exited with code {proc.returncode} (its output is above)"
-                        _say(f"model {name}: its worker {how}")
-    except BaseException:
-        for proc in running.values():
-            proc.terminate()
-        for proc in running.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        raise
-    return failed
+    base = ["-m", "reterm.eval.drills", *_without_only(argv), "--workers", "1", "--keep-states"]
+    return workers_mod.run_workers([(name, [*base, "--only", name]) for name in names], workers,
+                                   say=_say, what="models")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -808,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.only:
-        _follow_parent()
+        workers_mod.follow_parent()
     models: dict[str, str] = {}
     for m in a.model:
         name, sep, spec = m.partition("=")
@@ -872,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     need_ms = a.multistage_states > 0 and bool(todo)
     ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states, a.chain_stages,
                                      ms_turns) if need_ms else None  # fmt: skip
-    if need_ms and ms_data is None and a.only and os.environ.get(PARENT_ENV):
+    if need_ms and ms_data is None and a.only and os.environ.get(workers_mod.PARENT_ENV):
         print(f"eval.drills: --only {a.only}: no usable two-stage failure states of {state_model} in {ms_dir} (the "
               "evaluation that started this worker builds them first)", file=sys.stderr)  # fmt: skip
         return 2

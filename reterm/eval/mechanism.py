@@ -43,6 +43,9 @@ runs, the command prints the calculation for the assumed ``psi`` and ``delta`` (
 Outputs in ``DIR``: ``tasks/`` (the drills), ``groups.jsonl`` (one line per task, appended as chunks finish:
 a rerun resumes after the last finished chunk and never counts a task twice), ``attempts.jsonl`` (every
 attempt's trajectory), ``mechanism.json``, ``report.md`` and ``signal.png``.
+
+``--workers N`` runs the chunks in N processes of cpus/N threads (:mod:`reterm.workers`): each takes the next
+chunk no other has claimed (``DIR/claims``) and appends to the same journals; this process then summarizes.
 """
 
 from __future__ import annotations
@@ -57,11 +60,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from reterm import workers as workers_mod
 from reterm.data.drills import read_splits
 from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES, MultiStageInstance, generate_multistage, turn_budget
 from reterm.eval.drills import spread
 from reterm.eval.failure_choice import attempt_stages_done as _done
 from reterm.eval.failure_choice import chain_most_progress
+from reterm.generation import apply_thread_policy
 from reterm.policies import load_policy
 from reterm.recovery.attempts import attempt_end_state, failed_checks, release, run_attempts
 from reterm.stats import group_signal, items_needed, min_detectable, paired_bootstrap, rate
@@ -153,14 +158,6 @@ def _rewards(attempts: list[Any]) -> list[float | None]:
             for a in attempts]  # fmt: skip
 
 
-def _append_lines(path: Path, lines: list[str]) -> None:
-    """Append whole lines and fsync (a killed run leaves every finished chunk, never half a line)."""
-    with open(path, "a") as f:
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The finished rows of ``groups.jsonl`` (a torn last line from a kill is ignored)."""
     rows = []
@@ -199,6 +196,7 @@ async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -
         rows.append(row)
         lines += [json.dumps({"task": t.name, "arm": "task_start", **a.trajectory.model_dump(mode="json")})
                   for a in group]  # fmt: skip
+    _say(f"  {len(tasks)} tasks: {len(starts)} start attempts done, {len(states)} failure states; recovering")
     try:
         if states:
             rec_dirs = [tasks[i].path for i in owners for _ in range(g)]
@@ -310,7 +308,9 @@ def plot(m: dict[str, Any], path: Path) -> Path | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (``python -m eval.mechanism --help``)."""
-    p = argparse.ArgumentParser(prog="python -m eval.mechanism", description=__doc__.split("\n\n")[0])
+    # no abbreviations: the --workers processes get this command line with --workers replaced
+    p = argparse.ArgumentParser(prog="python -m eval.mechanism", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)  # fmt: skip
     p.add_argument("--model", required=True, help="policy spec: hf:PATH, smollm2, ...")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--tasks", type=int, default=48, help="multi-stage drills (paired items)")
@@ -329,6 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "reterm.drills.multistage.turn_budget: 8 for 2 stages, 11 for 3, 14 for 4)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=32, help="attempts generated together (a multiple of G is best)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes that run the chunks of tasks side by side, each with cpus/N threads, taking the "
+                        "chunks one at a time (reterm.workers; default 1). On 2 cores two single-thread processes "
+                        "generate 1.33-1.35x the rows a second of one two-thread process (bench/decode.py), with a "
+                        "model in memory each")
+    p.add_argument("--worker", default=None, metavar="I/N",
+                   help="be worker I of N: run the chunks no other worker has claimed and write no summary (what "
+                        "each --workers process runs)")
     p.add_argument("--families", default=None, help="comma-separated stage families (default: all in-distribution)")
     p.add_argument("--drills", type=Path, default=None,
                    help="use this drills folder's single-stage instances (--split) instead of multi-stage drills")
@@ -336,30 +344,87 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _without_workers(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--workers N`` / ``--workers=N`` and ``--worker`` options."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--workers", "--worker"):
+            skip = True
+        elif not arg.startswith(("--workers=", "--worker=")):
+            out.append(arg)
+    return out
+
+
+def run_chunks(a: argparse.Namespace, tasks: list[Any], max_turns: int, *, worker: tuple[int, int] | None = None,
+               policy: Any = None, t0: float | None = None) -> int:  # fmt: skip
+    """Run the tasks that ``groups.jsonl`` does not hold yet, in chunks of ``--batch / G`` tasks (cut from the
+    whole task list, so every worker cuts the same ones), appending each chunk's rows and attempts under a lock
+    (:func:`reterm.workers.append_lines`). As worker ``(I, N)`` of a ``--workers`` run: only the chunks it claims
+    (:class:`reterm.workers.Claims` in ``DIR/claims``), sampling with seed ``--seed + I``. Returns 0."""
+    t0 = time.monotonic() if t0 is None else t0
+    journal = a.output / "groups.jsonl"
+    done = {r["task"] for r in read_rows(journal)}
+    per_chunk = max(1, a.batch // a.group_size)
+    chunks = [(k, [t for t in tasks[k : k + per_chunk] if t.name not in done]) for k in range(0, len(tasks), per_chunk)]
+    chunks = [(k, c) for k, c in chunks if c]
+    if not chunks:
+        return 0
+    claims = workers_mod.Claims(a.output / "claims") if worker else None
+    tag = f"worker {worker[0]}/{worker[1]}: " if worker else ""
+    for k, chunk in chunks:
+        if claims is not None and not claims.take(f"chunk-{k}"):
+            continue
+        if policy is None:
+            policy = load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
+                                 seed=a.seed + (worker[0] if worker else 0))  # fmt: skip
+        rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=max_turns,
+                                            max_consecutive_parse_errors=2))  # fmt: skip
+        workers_mod.append_lines(a.output / "attempts.jsonl", lines)
+        workers_mod.append_lines(journal, [json.dumps(r) for r in rows])
+        _say(f"  {tag}{len(read_rows(journal))}/{len(tasks)} tasks done, {time.monotonic() - t0:.0f}s")
+    return 0
+
+
 def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     """The command line (see the module docstring); ``policy`` replaces ``--model``'s (tests)."""
+    apply_thread_policy()  # before a policy loads torch (reterm.generation)
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
-        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
+    if a.group_size < 2 or a.tasks < 1 or a.stages < 2 or a.workers < 1:
+        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2, --workers >= 1",
+              file=sys.stderr)  # fmt: skip
         return 2
+    worker = None
+    if a.worker is not None:
+        try:
+            worker = workers_mod.parse_worker(a.worker)
+        except ValueError as exc:
+            print(f"eval.mechanism: {exc}", file=sys.stderr)
+            return 2
+        workers_mod.follow_parent()
 
     families = tuple(a.families.split(",")) if a.families else DEFAULT_STAGE_FAMILIES
     try:
         if a.drills is not None:
             tasks = single_stage_tasks(a.drills, a.split, a.tasks)
         else:
-            tasks = generate_multistage(a.output / "tasks", a.seed, a.tasks, families=families, stages=a.stages)
+            tasks = generate_multistage(a.output / "tasks", a.seed, a.tasks, families=families, stages=a.stages,
+                                        write=worker is None)  # a worker reads the drills its parent wrote
     except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"eval.mechanism: {exc}", file=sys.stderr)
         return 2
 
     max_turns = a.max_turns
-    if a.drills is None and max_turns < turn_budget(a.stages):
+    if a.drills is None and max_turns < turn_budget(a.stages) and worker is None:
         _say(f"note: --max-turns {max_turns} is below the {turn_budget(a.stages)} turns a drill of {a.stages} stages "
              "gets (reterm.drills.multistage.turn_budget): some references do not fit")
     if not 0 < a.planned_delta < 1 or not 0 < a.assumed_discordance <= 1:
         print("eval.mechanism: --planned-delta must be in (0, 1), --assumed-discordance in (0, 1]", file=sys.stderr)
         return 2
+    if worker is not None:
+        return run_chunks(a, tasks, max_turns, worker=worker, policy=policy)
     plan = power_plan(len(tasks), a.assumed_discordance, a.planned_delta)
     _say(f"power: assumed discordance psi={plan['psi_assumed']}, difference delta={plan['delta']}: "
          f"n = 7.85*(psi - delta^2)/delta^2 = {plan['n_needed']} paired tasks for 80% power at 95% (two-sided); "
@@ -369,17 +434,18 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     done = {r["task"] for r in read_rows(journal)}
     todo = [t for t in tasks if t.name not in done]
     _say(f"{len(tasks)} tasks ({len(done)} done before), G={a.group_size}, model {a.model}")
-    if todo:
-        policy = policy or load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
-        per_chunk = max(1, a.batch // a.group_size)
-        for i in range(0, len(todo), per_chunk):
-            chunk = todo[i : i + per_chunk]
-            rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=max_turns,
-                                                max_consecutive_parse_errors=2))  # fmt: skip
-            _append_lines(a.output / "attempts.jsonl", lines)
-            _append_lines(journal, [json.dumps(r) for r in rows])
-            n = len(read_rows(journal))
-            _say(f"  {n}/{len(tasks)} tasks, {time.monotonic() - t0:.0f}s")
+    workers = min(a.workers, len(todo))
+    if workers > 1 and policy is None:
+        workers_mod.Claims.reset(a.output / "claims")
+        base = ["-m", "reterm.eval.mechanism", *_without_workers(argv), "--workers", "1"]
+        failed = workers_mod.run_workers([(f"worker {i}/{workers}", [*base, "--worker", f"{i}/{workers}"])
+                                          for i in range(workers)], workers, say=_say)  # fmt: skip
+        if failed:
+            print(f"eval.mechanism: {sorted(failed)} failed (exit codes {failed}); a re-run resumes after the "
+                  "finished chunks", file=sys.stderr)  # fmt: skip
+            return 1
+    elif todo:
+        run_chunks(a, tasks, max_turns, policy=policy, t0=t0)
     rows = [r for r in read_rows(journal) if r["task"] in {t.name for t in tasks}]
     m = summarize(rows)
     m["settings"] = {"model": a.model, "group_size": a.group_size, "temperature": a.temperature,
@@ -389,6 +455,7 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
                      "seed": a.seed, "families": list(families)}  # fmt: skip
     m["power_plan"] = plan
     m["wall_s"] = round(time.monotonic() - t0, 1)
+    m["workers"] = max(1, workers)
     write_json_atomic(a.output / "mechanism.json", m)
     (a.output / "report.md").write_text(report(m))
     plot(m, a.output / "signal.png")

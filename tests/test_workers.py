@@ -1,0 +1,127 @@
+"""Generation split over processes (:mod:`reterm.workers`), with real processes: every chunk is claimed by exactly
+one worker, lines appended to a shared journal by several processes stay whole, and the stages that use them
+(``eval.mechanism --workers``, ``pipeline.drills --workers``) give each task once, resume, and write what a
+single process writes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+
+import pytest
+
+from reterm import workers
+from reterm.data import drills as data_drills
+from reterm.drills import generate_drills
+from reterm.drills.multistage import add_train_instances, generate_multistage
+from reterm.eval import mechanism
+
+
+def _claim_all(folder, names, out):
+    claims = workers.Claims(folder)
+    out.put([n for n in names if claims.take(n)])
+
+
+def test_each_chunk_is_claimed_by_exactly_one_process(tmp_path):
+    names = [f"chunk-{i}" for i in range(200)]
+    q = mp.get_context("fork").Queue()
+    procs = [mp.get_context("fork").Process(target=_claim_all, args=(tmp_path / "claims", names, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join()
+    taken = [n for g in got for n in g]
+    assert sorted(taken) == sorted(names)  # every chunk once, none twice
+    workers.Claims.reset(tmp_path / "claims")
+    assert workers.Claims(tmp_path / "claims").take("chunk-0")  # a new set of workers starts from none
+
+
+def test_an_append_waits_for_the_journal_lock_and_writes_whole_lines(tmp_path):
+    """A journal line is written under an exclusive ``flock``: while another process holds it (here, the test), a
+    worker's append waits; then its line lands whole (lines of 300 kB: several pipe-sized writes each)."""
+    import fcntl
+    import time
+
+    path = tmp_path / "journal.jsonl"
+    line = json.dumps({"pad": "x" * 300_000})
+    with open(path, "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = mp.get_context("fork").Process(target=workers.append_lines, args=(path, [line, line]))
+        proc.start()
+        time.sleep(1.0)
+        assert path.stat().st_size == 0 and proc.is_alive()  # it waits for the lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+    proc.join(timeout=30)
+    assert proc.exitcode == 0 and path.read_text().splitlines() == [line, line]
+
+
+def test_worker_option_is_checked():
+    assert workers.parse_worker("1/2") == (1, 2)
+    for bad in ("2/2", "a/2", "1", "-1/2"):
+        with pytest.raises(ValueError, match="--worker"):
+            workers.parse_worker(bad)
+
+
+def test_a_failing_worker_is_named_and_the_others_finish(tmp_path, capsys):
+    ok = ["-c", f"open({str(tmp_path / 'ok')!r}, 'w').write('1')"]
+    failed = workers.run_workers([("bad", ["-c", "raise SystemExit(3)"]), ("good", ok)], 2)
+    assert failed == {"bad": 3} and (tmp_path / "ok").read_text() == "1"
+    assert "bad: its worker exited with code 3" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_mechanism_in_two_processes_runs_every_task_once_and_resumes(tmp_path):
+    """The real SmolLM2 on three chains in chunks of one task, two worker processes: each task's row once, every
+    attempt's line whole, the summary says 2 workers; a re-run finds them done and starts no worker."""
+    out = tmp_path / "m"
+    args = [sys.executable, "-m", "eval.mechanism", "--model", "smollm2", "--output", str(out), "--chain-stages",
+            "3", "--tasks", "3", "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "16", "--batch", "2",
+            "--workers", "2"]  # fmt: skip
+    first = subprocess.run(args, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "2 worker processes of" in first.stdout
+    rows = mechanism.read_rows(out / "groups.jsonl")
+    assert sorted(r["task"] for r in rows) == ["chain3-000", "chain3-001", "chain3-002"]
+    lines = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+    assert len(lines) == sum(2 + (2 if r["failure_state"] else 0) for r in rows)
+    assert sorted(p.name for p in (out / "claims").iterdir()) == ["chunk-0", "chunk-1", "chunk-2"]
+    assert json.loads((out / "mechanism.json").read_text())["workers"] == 2
+    again = subprocess.run(args, capture_output=True, text=True)
+    assert again.returncode == 0 and "(3 done before)" in again.stdout and "worker processes" not in again.stdout
+    assert len(mechanism.read_rows(out / "groups.jsonl")) == 3
+
+
+def test_a_worker_reads_the_drills_its_parent_wrote(tmp_path):
+    with pytest.raises(FileNotFoundError, match="chain3-000"):
+        generate_multistage(tmp_path / "tasks", 0, 1, stages=3, write=False)
+    written = generate_multistage(tmp_path / "tasks", 0, 2, stages=3)
+    assert generate_multistage(tmp_path / "tasks", 0, 2, stages=3, write=False) == written
+
+
+@pytest.mark.slow
+def test_data_in_two_processes_matches_one_process(tmp_path):
+    """``pipeline.drills --workers 2`` with the real SmolLM2 on a few drills: the same journal keys and tasks as one
+    process, none twice, and the same scripted records (the injected mistakes and whole solutions do not sample)."""
+    tasks = tmp_path / "drills"
+    generate_drills(tasks, 0, 4, families=["mkdir-parent", "exec-bit", "off-by-one", "wc-number"],
+                    ood_families=["wc-number"])  # fmt: skip
+    add_train_instances(tasks, 2, stages=3)
+    outs = {}
+    for w in (2, 1):
+        out = tmp_path / f"data-{w}"
+        rc = data_drills.main(["--tasks", str(tasks), "--output", str(out), "--policy", "smollm2", "--own-tasks", "4",
+                               "--max-turns", "1", "--max-new-tokens", "16", "--batch", "2", "--workers", str(w)])
+        assert rc == 0
+        journal = [json.loads(x) for x in (out / ".drills" / "journal.jsonl").read_text().splitlines()]
+        keys = [(e["key"], t) for e in journal for t in e["tasks"]]
+        assert len(keys) == len(set(keys))  # no task of a kind twice
+        scripted: dict[str, list[str]] = {}
+        for e in journal:
+            if not e["key"].startswith("own"):
+                scripted.setdefault(e["key"], []).extend(r["id"] for r in e["records"])
+        outs[w] = (sorted(keys), {k: sorted(v) for k, v in scripted.items()})
+        assert json.loads((out / "stats.json").read_text())["splits"]["train"] > 0  # the folder is written once, here
+    assert outs[2][0] == outs[1][0] and outs[2][1] == outs[1][1]
