@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # interval statistics, JSON and Hub-metadata helpers, generation defaults, CPU precision, the tiny model
     ("base", ("reterm", "reterm.trajectory", "reterm.records", "reterm.record_features", "reterm.tool_calls",
               "reterm.json_files", "reterm.stats", "reterm.hub_metadata", "reterm.tiny_qwen", "reterm.rewards",
-              "reterm.io", "reterm.generation", "reterm.precision")),
+              "reterm.io", "reterm.generation", "reterm.precision", "reterm.workers")),
     ("sandbox", ("reterm.sandbox",)),
     ("tasks", ("reterm.tasks",)),
     ("policies", ("reterm.policies",)),
