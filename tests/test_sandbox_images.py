@@ -13,7 +13,7 @@ import pytest
 from harbor.environments.base import SandboxBuildFailedError
 
 from reterm.sandbox.base_image import ensure_base
-from reterm.sandbox.build import cached_failure, ensure_layer, layer_key
+from reterm.sandbox.build import cached_failure, ensure_layer, layer_key, upload_date
 from reterm.sandbox.dockerfile import DockerfileError
 from reterm.sandbox.local import LocalEnvironment
 
@@ -125,3 +125,32 @@ def test_from_debian_13_runs_on_a_real_debian_13_base(tmp_path):
     assert r.return_code == 0, r
     lines = r.stdout.splitlines()
     assert lines[0] == "13 trixie" and lines[1] == "(3, 13)", r.stdout
+
+
+@pytest.mark.parametrize("image,date", [("alexgshaw/mteb-retrieve:20251031", "2025-10-31T00:00:00Z"),
+                                        ("python:3.13-slim", None), ("x/y:20251331", None), (None, None)])
+def test_an_image_tag_that_is_a_date_gives_the_index_date(image, date):
+    assert upload_date(image) == date
+
+
+def test_a_dated_image_resolves_python_packages_as_of_its_date(tmp_path):
+    """A task.toml image tagged with its build date (Terminal-Bench 2.0's ``NAME:20251031``): the Dockerfile's
+    unpinned ``pip install`` takes what the index had then (pyfiglet 0.8.post1 of 2019, not 1.x), through pip 26
+    on the build steps' path only: the image keeps Debian's pip and no trace of the build's. A Dockerfile that
+    installs no Python package is not touched (its layer key has no date)."""
+    dockerfile = "FROM python:3.11-slim\nRUN pip install --quiet --no-cache-dir pyfiglet\n"
+    task = make_task(tmp_path / "dated", dockerfile)
+    (task / "task.toml").write_text('version = "1.0"\n[environment]\nnetwork_mode = "no-network"\n'
+                                    'docker_image = "example/dated:20200101"\n')  # fmt: skip
+    r = asyncio.run(_run(task, "python3 -c 'import importlib.metadata as m; print(m.version(\"pyfiglet\"))'; "
+                               "pip --version; ls /opt/reterm-build-pip 2>&1 | head -1"))  # fmt: skip
+    assert r.return_code == 0, r
+    version, pip, leftover = r.stdout.splitlines()[:3]
+    assert version == "0.8.post1", r.stdout
+    assert pip.startswith("pip 23."), pip  # Debian 12's pip, as before
+    assert "No such file" in leftover
+    base = ensure_base()
+    assert layer_key(dockerfile, task / "environment", base, "2020-01-01T00:00:00Z") != \
+        layer_key(dockerfile, task / "environment", base)
+    plain = "FROM python:3.11-slim\nRUN echo no packages\n"
+    assert layer_key(plain, None, base, "2020-01-01T00:00:00Z") == layer_key(plain, None, base)

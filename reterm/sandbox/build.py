@@ -9,6 +9,14 @@ fast. Concurrent builds of the same key wait on a lock and reuse the first one's
 
 Supported instructions and the ``FROM`` mapping: see :mod:`reterm.sandbox.dockerfile`.
 Own code: Harbor delegates builds to docker/podman, which the kit does not require.
+
+A task whose ``task.toml`` names a prebuilt image tagged with its build date (Terminal-Bench 2.0's
+``alexgshaw/NAME:20251031``, which Harbor's Docker environment pulls) is rebuilt here from its Dockerfile on a later
+day, so its unpinned Python dependencies would drift (``mteb-retrieve``: ``pip install mteb==1.36.8`` took
+transformers 5, which ``mteb`` cannot import). On a ``FROM python*`` build whose Dockerfile installs Python
+packages, the build's own steps therefore resolve against the index as of that date (:func:`upload_date`): pip 26
+(its ``--uploaded-prior-to``, as ``PIP_UPLOADED_PRIOR_TO``) is put on the build steps' ``PYTHONPATH`` and uv gets
+``UV_EXCLUDE_NEWER``; that pip is removed when the build ends, so the image keeps Debian's.
 """
 
 from __future__ import annotations
@@ -65,6 +73,15 @@ _PYTHON_STRICT_INSTALL = (
     "apt-get install -y -qq --no-install-recommends python3 python3-pip python3-venv python3-dev >/dev/null"
 )
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.I | re.M)
+_DATE_TAG = re.compile(r":(20\d\d)(0[1-9]|1[0-2])(0[1-9]|[12]\d|3[01])$")
+# a build step that installs Python packages: pip / pip3 / python -m pip / uv pip / uv add / uv sync / uv tool
+_PY_INSTALL = re.compile(r"\b(?:pip3?(?:\.\d+)?|python3?(?:\.\d+)?\s+-m\s+pip)\s+install\b|\buv\s+(?:pip\s+install|add|sync|"
+                         r"tool\s+install)\b")
+_BUILD_PIP_DIR = "/opt/reterm-build-pip"
+_BUILD_PIP_INSTALL = (
+    f"python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --target {_BUILD_PIP_DIR} "
+    "'pip>=26'"
+)
 
 
 # `apt-get update && apt-get install -y [--no-install-recommends] PKG... [&& rm -rf /var/lib/apt/lists/*]`, the
@@ -184,6 +201,20 @@ def base_suite(environment_dir: Path, docker_image: str | None = None) -> str:
     return df.debian_suite(image) if image else "bookworm"
 
 
+def upload_date(docker_image: str | None) -> str | None:
+    """The index date a build of ``docker_image`` resolves Python packages against: ``YYYY-MM-DDT00:00:00Z`` when
+    the image's tag is a date (``alexgshaw/mteb-retrieve:20251031`` -> ``2025-10-31T00:00:00Z``: packages uploaded
+    before the day the image was built), else ``None``."""
+    m = _DATE_TAG.search((docker_image or "").split("@", 1)[0])
+    return f"{m.group(1)}-{m.group(2)}-{m.group(3)}T00:00:00Z" if m else None
+
+
+def pins_upload_date(dockerfile_text: str, as_of: str | None) -> bool:
+    """Whether a build of ``dockerfile_text`` resolves Python packages as of ``as_of`` (see the module docstring):
+    a date is known, the Dockerfile maps onto the python image and one of its lines installs Python packages."""
+    return bool(as_of) and _maps_a_python_image(dockerfile_text) and bool(_PY_INSTALL.search(dockerfile_text))
+
+
 def _maps_a_python_image(dockerfile_text: str) -> bool:
     """True when a ``FROM`` of the Dockerfile maps onto the python image mapping (its own build steps)."""
     for m in _FROM.finditer(dockerfile_text):
@@ -195,10 +226,10 @@ def _maps_a_python_image(dockerfile_text: str) -> bool:
     return False
 
 
-def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> str:
+def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage, as_of: str | None = None) -> str:
     """Cache key of a task layer: sha256 over base key, build version, Dockerfile and context files
     (and the mode, in rootless mode only: root-mode keys are unchanged; for a ``FROM python*`` image, the
-    mapping's own install step)."""
+    mapping's own install step; where :func:`pins_upload_date`, the date and the build's pip)."""
     h = hashlib.sha256()
     h.update(json.dumps([BUILD_VERSION, base.key]).encode())
     if sandbox_mode() == "rootless":  # user.overlay.* xattrs and the caller's ownership: a layer of its own
@@ -206,6 +237,8 @@ def layer_key(dockerfile_text: str, context: Path | None, base: BaseImage) -> st
     h.update(dockerfile_text.encode())
     if _maps_a_python_image(dockerfile_text):
         h.update(b"\0python-image\0" + _PYTHON_HEADERS_INSTALL.encode())  # the mapping's steps are the layer's too
+    if pins_upload_date(dockerfile_text, as_of):
+        h.update(b"\0as-of\0" + f"{as_of}\0{_BUILD_PIP_INSTALL}".encode())
     if context is not None and context.is_dir():
         for rel in context_files(context):
             p = context / rel
@@ -305,7 +338,8 @@ async def ensure_layer(
         dockerfile = environment_dir / "(task.toml docker_image)"
     else:
         raise FileNotFoundError(f"{environment_dir}: no Dockerfile and no docker_image in task.toml")
-    key = layer_key(text, context, base)
+    as_of = upload_date(docker_image) if pins_upload_date(text, upload_date(docker_image)) else None
+    key = layer_key(text, context, base, as_of)
     if not force and (found := find_layer(key)):
         return found
     if not force and (failed := cached_failure(key)):
@@ -323,7 +357,7 @@ async def ensure_layer(
         tmp = sub("layers") / f".tmp-{key}-{uuid.uuid4().hex[:6]}"
         t0 = time.monotonic()
         try:
-            meta = await _Builder(dockerfile, context, base, tmp, log).run(instructions)
+            meta = await _Builder(dockerfile, context, base, tmp, log, as_of=as_of).run(instructions)
         except SandboxBuildFailedError as exc:  # a step failed: remembered, so the next trial does not redo it
             rmtree_writable(tmp)
             rec = {"reason": str(exc), "dockerfile": str(dockerfile), "failed_at": time.time(),
@@ -390,8 +424,11 @@ _check = check_instructions  # older name, kept for callers
 class _Builder:
     """Runs the instructions in one build sandbox; returns the layer's meta."""
 
-    def __init__(self, dockerfile: Path, context: Path | None, base: BaseImage, tmp: Path, log):
+    def __init__(self, dockerfile: Path, context: Path | None, base: BaseImage, tmp: Path, log, *,
+                 as_of: str | None = None):  # fmt: skip
         self.dockerfile, self.context, self.base, self.tmp, self.log = dockerfile, context, base, tmp, log
+        self.as_of = as_of  # resolve Python packages as of this date (module docstring), or None
+        self.build_env: dict[str, str] = {}  # the build steps' own variables, never the image's
         self.vars: dict[str, str] = {}  # ARG + ENV values, for substitution
         self.args: dict[str, str] = {}
         self.env: dict[str, str] = {}
@@ -416,8 +453,11 @@ class _Builder:
         env = {"PATH": DEFAULT_PATH, "HOSTNAME": "sandbox", "HOME": "/root"}
         if host_ca_bundle() is not None:
             env.update({k: HOST_CA_PATH for k in CA_ENV_VARS})
+        env.update(self.build_env)
         env.update(self.args)
         env.update(self.env)
+        if "PYTHONPATH" in self.build_env and env["PYTHONPATH"] != self.build_env["PYTHONPATH"]:
+            env["PYTHONPATH"] = self.build_env["PYTHONPATH"] + ":" + env["PYTHONPATH"]  # the Dockerfile's after ours
         return env
 
     async def run(self, instructions: list[df.Instruction]) -> dict:
@@ -428,6 +468,9 @@ class _Builder:
                 if ins.keyword in ("RUN", "COPY", "ADD", "WORKDIR"):
                     self.log(f"build {self.dockerfile.parent.parent.name}: step {i}/{n} {ins.keyword} {args[:100]}")
                 await getattr(self, f"do_{ins.keyword.lower()}", self.do_ignored)(ins, args)
+            if self.build_env:  # the build's pip leaves with the build
+                await self._sh(instructions[0], f"rm -rf {_BUILD_PIP_DIR}", user=None, cwd=None,
+                               what="removing the build's pip")  # fmt: skip
         finally:
             if self.box is not None:
                 await asyncio.to_thread(self.box.close)
@@ -436,6 +479,7 @@ class _Builder:
             "from": self.mapping.image if self.mapping else None,
             "family": self.mapping.family if self.mapping else None,
             "dockerfile": str(self.dockerfile), "base": self.base.key, "built_at": time.time(),
+            "python_packages_as_of": self.as_of if self.build_env else None,
         }  # fmt: skip
 
     async def do_ignored(self, ins: df.Instruction, args: str) -> None:
@@ -466,6 +510,12 @@ class _Builder:
                 await self._sh(ins, _PYTHON_HEADERS_INSTALL, user=None, cwd=None,
                                what="python image mapping (installing Debian's python3-dev: Python.h)")  # fmt: skip
             await self._sh(ins, _PYTHON_ALIASES, user=None, cwd=None, what="python image mapping")
+            if self.as_of:
+                await self._sh(ins, _BUILD_PIP_INSTALL, user=None, cwd=None,
+                               what=f"python image mapping (pip 26 for the build steps, to resolve packages as of "
+                                    f"{self.as_of}, the date of the task's image)")  # fmt: skip
+                self.build_env = {"PYTHONPATH": _BUILD_PIP_DIR, "PIP_UPLOADED_PRIOR_TO": self.as_of,
+                                  "UV_EXCLUDE_NEWER": self.as_of}  # fmt: skip
 
     async def do_env(self, ins: df.Instruction, args: str) -> None:
         kv = df.parse_key_values(args, self.where(ins))
