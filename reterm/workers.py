@@ -13,12 +13,15 @@ shared journal under a lock (:func:`append_lines`), and the parent reads them wh
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,19 +29,58 @@ from typing import Any
 PARENT_ENV = "RETERM_WORKER_PARENT"
 """Set by :func:`run_workers` in each worker's environment: the parent's process id."""
 
+WORKERS_ENV = "RETERM_GEN_WORKERS"
+"""The default of the generating stages' ``--workers`` (:func:`default_workers`). An environment variable, not an
+option on run_all's command lines, because the number of processes changes how fast a stage runs, not what it
+computes: a changed command line would make ``train/stages.py`` run a completed stage again."""
+
 _ROOT = str(Path(__file__).resolve().parents[1])
 """The checkout whose ``reterm/`` this is (put first on a worker's ``PYTHONPATH``)."""
 
 
+def default_workers() -> int:
+    """``--workers``'s default: :data:`WORKERS_ENV` when set, else 1.
+
+    Raises:
+        ValueError: the variable is set to something other than a whole number >= 1 (its value named).
+    """
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{WORKERS_ENV}={raw!r}: expected a whole number of processes, 1 or more")
+    return int(raw)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container's cpuset limits), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def threads_per_worker(workers: int) -> int:
-    """OpenMP threads each of ``workers`` processes gets: the CPUs divided among them, at least 1."""
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+    """OpenMP threads each of ``workers`` processes gets: the usable CPUs divided among them, at least 1."""
+    return max(1, usable_cpus() // max(1, workers))
+
+
+def reseed(seed: int, chunk: str | int) -> None:
+    """Seed torch's generator for one chunk of a stage's work: ``seed`` mixed with the chunk's name or index, so
+    a chunk samples the same whichever worker runs it, and in whatever order (up to the float differences
+    between thread counts). Does nothing where torch was never imported (no local model samples)."""
+    if "torch" not in sys.modules:
+        return
+    mixed = zlib.crc32(f"{seed}\0{chunk}".encode())
+    sys.modules["torch"].manual_seed(mixed)
 
 
 def follow_parent() -> None:
     """In a worker: stop (SIGTERM, whose handler exits through every ``finally``, so snapshots are released) when
     the process that started it dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``), so that a re-run never
-    finds an orphan still writing the same journal. Does nothing outside a worker (no :data:`PARENT_ENV`)."""
+    finds an orphan still writing the same journal. SIGINT (a Ctrl-C reaches the whole process group) is ignored:
+    the parent stops its workers with SIGTERM, and a second signal would cut their cleanup short. Does nothing
+    outside a worker (no :data:`PARENT_ENV`)."""
     parent = os.environ.get(PARENT_ENV)
     if not parent:
         return
@@ -48,6 +90,7 @@ def follow_parent() -> None:
         sys.exit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes
 
@@ -70,7 +113,7 @@ def run_workers(commands: list[tuple[str, list[str]]], workers: int, *,
     Returns:
         ``{label: exit code}`` of every worker that ended with a non-zero code (empty: all succeeded). On an
         exception (Ctrl-C included) the running workers are stopped (SIGTERM: they release their snapshots on the
-        way out; SIGKILL after 30 s) before it propagates.
+        way out; SIGKILL to those still running 30 s later) before it propagates.
     """
     workers = max(1, min(workers, len(commands)))  # the processes that run at once share the cores
     env = dict(os.environ)
@@ -97,9 +140,10 @@ def run_workers(commands: list[tuple[str, list[str]]], workers: int, *,
     except BaseException:
         for proc in running.values():
             proc.terminate()
+        deadline = time.monotonic() + 30
         for proc in running.values():
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
         raise
@@ -107,18 +151,48 @@ def run_workers(commands: list[tuple[str, list[str]]], workers: int, *,
 
 
 def append_lines(path: Path, lines: list[str]) -> None:
-    """Append whole lines to ``path`` under an exclusive lock (``flock``), then fsync: processes that share a
-    journal never interleave their lines, and a killed one leaves every line it finished, never half of one."""
+    """Append lines to ``path`` under an exclusive lock (``flock``), then fsync: processes that share a journal
+    never interleave their lines. A process killed while writing (or a full disk) can leave part of its last
+    line; the next append starts on a new line, so that fragment spoils only itself (:func:`read_lines` skips
+    it)."""
     if not lines:
         return
-    with open(path, "a") as f:
+    with open(path, "ab+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            f.write("".join(line + "\n" for line in lines))
+            end = f.seek(0, os.SEEK_END)
+            torn = False
+            if end:
+                f.seek(end - 1)
+                torn = f.read(1) != b"\n"
+            f.write((b"\n" if torn else b"") + "".join(line + "\n" for line in lines).encode())
             f.flush()
             os.fsync(f.fileno())
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def read_lines(path: Path) -> tuple[list[Any], int]:
+    """The JSON values of a journal's lines, read under a shared lock (so no append is half-way), and how many
+    lines could not be parsed (a fragment left by a killed writer; :func:`append_lines`). A missing file is
+    ``([], 0)``."""
+    if not Path(path).exists():
+        return [], 0
+    with open(path, "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        try:
+            data = f.read()
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    out, bad = [], 0
+    for line in data.decode(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad += 1
+    return out, bad
 
 
 class Claims:
@@ -132,19 +206,26 @@ class Claims:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def take(self, name: str) -> bool:
-        """Claim chunk ``name`` (a file name); True for the one process that got it."""
+        """Claim chunk ``name`` (any text: the file is named by its hash, and holds the name); True for the one
+        process that got it."""
+        path = self.folder / hashlib.sha256(name.encode()).hexdigest()[:32]
         try:
-            fd = os.open(self.folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
-        os.write(fd, str(os.getpid()).encode())
+        os.write(fd, f"{os.getpid()} {name}\n".encode())
         os.close(fd)
         return True
 
     @staticmethod
     def reset(folder: Path) -> None:
-        """Remove every claim in ``folder`` (before a new set of workers starts)."""
-        shutil.rmtree(folder, ignore_errors=True)
+        """Remove every claim in ``folder`` (before a new set of workers starts).
+
+        Raises:
+            OSError: a claim could not be removed (a stale claim would keep its chunk from running).
+        """
+        if Path(folder).exists():
+            shutil.rmtree(folder)
 
 
 def parse_worker(text: str) -> tuple[int, int]:

@@ -36,7 +36,7 @@ def test_two_workers_share_the_states_and_write_one_result(tmp_path, capfd, monk
                            "--model", "sft=smollm2", "--workers", "2", *SIZES])  # fmt: skip
     assert rc == 0
     said = capfd.readouterr().out  # the workers' output too
-    threads = max(1, (os.cpu_count() or 1) // 2)
+    threads = workers.threads_per_worker(2)
     assert f"2 worker processes of {threads} threads for 2 models" in said
     assert said.count("two-stage pass rate from task start") == 1  # built once, by the parent; no worker rebuilt
     assert said.count("[eval-drills] model base = smollm2") == said.count("[eval-drills] model sft = smollm2") == 1
@@ -115,7 +115,7 @@ def test_the_cores_are_split_among_the_processes_that_run(monkeypatch):
             return 0
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(workers.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 16)
     monkeypatch.setattr(workers.subprocess, "Popen", Done)
     monkeypatch.setattr(workers.time, "sleep", lambda s: None)
     assert eval_drills.run_workers(["--tasks", "d"], ["a", "b"], 3) == {}

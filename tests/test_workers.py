@@ -19,29 +19,75 @@ from reterm.drills.multistage import add_train_instances, generate_multistage
 from reterm.eval import mechanism
 
 
-def _claim_all(folder, names, out):
+def _claim_all(folder, names, go, out):
     claims = workers.Claims(folder)
+    go.wait(30)
     out.put([n for n in names if claims.take(n)])
 
 
 def test_each_chunk_is_claimed_by_exactly_one_process(tmp_path):
-    names = [f"chunk-{i}" for i in range(200)]
-    q = mp.get_context("fork").Queue()
-    procs = [mp.get_context("fork").Process(target=_claim_all, args=(tmp_path / "claims", names, q)) for _ in range(4)]
+    names = [f"chunk-{i}" for i in range(300)] + ["own-multi:hf:/a/b_c#0", "own-multi:hf:/a/b/c#0", "x" * 400]
+    ctx = mp.get_context("fork")
+    q, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_claim_all, args=(tmp_path / "claims", names, go, q)) for _ in range(4)]
     for p in procs:
         p.start()
+    go.set()  # all four race for the same chunks at once
     got = [q.get(timeout=60) for _ in procs]
     for p in procs:
         p.join()
     taken = [n for g in got for n in g]
-    assert sorted(taken) == sorted(names)  # every chunk once, none twice
+    assert sorted(taken) == sorted(names)  # every chunk once, none twice (names that differ only in / or : too)
     workers.Claims.reset(tmp_path / "claims")
     assert workers.Claims(tmp_path / "claims").take("chunk-0")  # a new set of workers starts from none
 
 
+def test_a_line_torn_by_a_killed_writer_spoils_only_itself(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    workers.append_lines(path, [json.dumps({"task": "a"})])
+    with open(path, "a") as f:
+        f.write('{"task": "b", "rewards": [1.0, ')  # a worker killed in the middle of its line
+    workers.append_lines(path, [json.dumps({"task": "c"}), json.dumps({"task": "d"})])
+    rows, torn = workers.read_lines(path)
+    assert [r["task"] for r in rows] == ["a", "c", "d"] and torn == 1
+    assert [r["task"] for r in mechanism.read_rows(path)] == ["a", "c", "d"]
+
+
+def test_a_worker_ignores_ctrl_c_and_its_parent_stops_it(tmp_path):
+    """Ctrl-C reaches the whole process group; a worker leaves it to its parent, which stops it with SIGTERM, so
+    that its cleanup is not cut short by a second signal."""
+    marker = tmp_path / "finished"
+    code = ("import os, signal, time\nfrom reterm.workers import follow_parent\nfollow_parent()\n"
+            f"os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\nopen({str(marker)!r}, 'w').write('ok')\n")
+    assert workers.run_workers([("w", ["-c", code])], 1) == {}
+    assert marker.read_text() == "ok"
+
+
+def test_a_chunk_samples_the_same_whichever_worker_runs_it():
+    import torch
+
+    workers.reseed(0, "chunk-8")
+    first = torch.rand(4)
+    torch.rand(100)  # another chunk ran before it in this process
+    workers.reseed(0, "chunk-8")
+    assert torch.equal(torch.rand(4), first)
+    workers.reseed(0, "chunk-16")
+    assert not torch.equal(torch.rand(4), first)
+
+
+def test_the_workers_default_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(workers.WORKERS_ENV, raising=False)
+    assert workers.default_workers() == 1
+    monkeypatch.setenv(workers.WORKERS_ENV, "2")
+    assert workers.default_workers() == 2
+    monkeypatch.setenv(workers.WORKERS_ENV, "two")
+    with pytest.raises(ValueError, match="RETERM_GEN_WORKERS='two'"):
+        workers.default_workers()
+
+
 def test_an_append_waits_for_the_journal_lock_and_writes_whole_lines(tmp_path):
     """A journal line is written under an exclusive ``flock``: while another process holds it (here, the test), a
-    worker's append waits; then its line lands whole (lines of 300 kB: several pipe-sized writes each)."""
+    worker's append waits; then its lines land whole."""
     import fcntl
     import time
 
@@ -87,11 +133,23 @@ def test_mechanism_in_two_processes_runs_every_task_once_and_resumes(tmp_path):
     assert sorted(r["task"] for r in rows) == ["chain3-000", "chain3-001", "chain3-002"]
     lines = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
     assert len(lines) == sum(2 + (2 if r["failure_state"] else 0) for r in rows)
-    assert sorted(p.name for p in (out / "claims").iterdir()) == ["chunk-0", "chunk-1", "chunk-2"]
+    assert sorted(p.read_text().split()[1] for p in (out / "claims").iterdir()) == ["chunk-0", "chunk-1", "chunk-2"]
     assert json.loads((out / "mechanism.json").read_text())["workers"] == 2
     again = subprocess.run(args, capture_output=True, text=True)
     assert again.returncode == 0 and "(3 done before)" in again.stdout and "worker processes" not in again.stdout
     assert len(mechanism.read_rows(out / "groups.jsonl")) == 3
+    # killed after claiming chunks 0 and 1 and before their rows: the claims stay, the rows are missing; the
+    # re-run's workers must not take those claims for work done
+    kept = [x for x in (out / "groups.jsonl").read_text().splitlines()
+            if json.loads(x)["task"] not in ("chain3-000", "chain3-001")]  # fmt: skip
+    (out / "groups.jsonl").write_text("".join(x + "\n" for x in kept))
+    (out / "mechanism.json").unlink()
+    third = subprocess.run(args, capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "(1 done before)" in third.stdout and "2 worker processes of" in third.stdout
+    assert sorted(r["task"] for r in mechanism.read_rows(out / "groups.jsonl")) == ["chain3-000", "chain3-001",
+                                                                                    "chain3-002"]  # fmt: skip
+    assert json.loads((out / "mechanism.json").read_text())["n_tasks"] == 3
 
 
 def test_a_worker_reads_the_drills_its_parent_wrote(tmp_path):
@@ -102,9 +160,10 @@ def test_a_worker_reads_the_drills_its_parent_wrote(tmp_path):
 
 
 @pytest.mark.slow
-def test_data_in_two_processes_matches_one_process(tmp_path):
-    """``pipeline.drills --workers 2`` with the real SmolLM2 on a few drills: the same journal keys and tasks as one
-    process, none twice, and the same scripted records (the injected mistakes and whole solutions do not sample)."""
+def test_data_in_two_processes_matches_one_process(tmp_path, capfd):
+    """``pipeline.drills --workers 2`` with the real SmolLM2 on a few drills: both workers run batches and the
+    parent none (it only writes the folder); the same journal keys and tasks as one process, none twice, and the
+    same scripted records (the injected mistakes and whole solutions do not sample)."""
     tasks = tmp_path / "drills"
     generate_drills(tasks, 0, 4, families=["mkdir-parent", "exec-bit", "off-by-one", "wc-number"],
                     ood_families=["wc-number"])  # fmt: skip
@@ -115,6 +174,10 @@ def test_data_in_two_processes_matches_one_process(tmp_path):
         rc = data_drills.main(["--tasks", str(tasks), "--output", str(out), "--policy", "smollm2", "--own-tasks", "4",
                                "--max-turns", "1", "--max-new-tokens", "16", "--batch", "2", "--workers", str(w)])
         assert rc == 0
+        said = [x for x in capfd.readouterr().out.splitlines() if "batch" in x and x.startswith("[drills-data]")]
+        if w == 2:
+            assert any("worker 0/2:" in x for x in said) and any("worker 1/2:" in x for x in said), said
+            assert all("worker" in x for x in said), said  # the parent ran no batch itself
         journal = [json.loads(x) for x in (out / ".drills" / "journal.jsonl").read_text().splitlines()]
         keys = [(e["key"], t) for e in journal for t in e["tasks"]]
         assert len(keys) == len(set(keys))  # no task of a kind twice

@@ -89,7 +89,7 @@ Environment (9B recipe): HF_TOKEN, HUB_ORG (publish for real under this org), DA
   RETERM_POLICY_URL (an OpenAI-compatible server of the base model; default: start vLLM here),
   RETERM_TEACHER_URL (the teacher endpoint of the data pipeline), ACCELERATE_CONFIG (zero3 or fsdp2).
 Environment (embedded default): RETERM_GEN_WORKERS (processes the data, mechanism and mine stages generate in;
-  default 2, each with cpus/2 threads).
+  default 2, each with cpus/2 threads; it changes their speed, not what they compute, and re-runs nothing).
 EOF
 }
 
@@ -175,7 +175,6 @@ stage() {
 RECIPES=train/recipes/$RECIPE
 TRAIN_FLAGS=()   # flags every trainer command gets (the launcher's needs)
 GRPO_FLAGS=()    # flags both GRPO commands get (the recipe's thinking setting)
-GEN_WORKERS=1    # processes the generating stages split their batches over (the CPU recipe sets more)
 case "$RECIPE" in
   smollm2-135m)   # CPU, minutes: SmolLM2-135M-Instruct (PyPI wheel), the local bubblewrap sandbox
     DATA_CONFIG=pipeline/configs/smoke.yaml
@@ -186,8 +185,9 @@ case "$RECIPE" in
     DATA_WRAP=(); DATA_ENDPOINTS=(); EVAL_WRAP=()
     # the stages that generate in this process (data, mechanism, mine) split their batches over processes of
     # cpus/N threads (reterm.workers): on 2 cores two single-thread processes generate 1.33-1.35x the rows a second
-    # of one two-thread process (bench/decode.py); RETERM_GEN_WORKERS=1 keeps one process
-    GEN_WORKERS=${RETERM_GEN_WORKERS:-2}
+    # of one two-thread process (bench/decode.py); RETERM_GEN_WORKERS=1 keeps one process. An environment variable
+    # (their --workers default), not an option on their command lines: a changed command re-runs a completed stage
+    export RETERM_GEN_WORKERS=${RETERM_GEN_WORKERS:-2}
     ;;
   qwen3.5-9b)     # GPUs: vLLM generation, DeepSpeed ZeRO-3 (or FSDP2), Daytona sandboxes, Terminal-Bench 2.0
     DATA_CONFIG=pipeline/configs/reterm-10k.yaml
@@ -363,7 +363,7 @@ DRILLS=$RUN/drills
 if [ "$RECIPE" = smollm2-135m ]; then
   stage drills "$DRILLS" -- "$PY" -m reterm.cli tasks drills --out "$DRILLS" --seed 0 "${DRILL_SIZE[@]}"
   stage data "$RUN/data" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$RUN/data" --policy smollm2 \
-    --workers "$GEN_WORKERS" "${DATA_SIZE[@]}"
+    "${DATA_SIZE[@]}"
 else
   WATCH=$DATA_CONFIG stage data "$RUN/data" -- "${DATA_WRAP[@]}" "$PY" -m pipeline.build --config "$DATA_CONFIG" \
     --output "$RUN/data" "${DATA_ENDPOINTS[@]}" "${DATA_SIZE[@]}"
@@ -378,7 +378,7 @@ SFT_CKPT=$RUN/sft/merged; [ "$RECIPE" = smollm2-135m ] || SFT_CKPT=$RUN/sft   # 
 if [ "$RECIPE" = smollm2-135m ]; then
   ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
   stage mechanism "$RUN/mechanism" -- "$PY" -m eval.mechanism --model "hf:$ABS_RUN/sft/merged" \
-    --output "$RUN/mechanism" --seed 0 --workers "$GEN_WORKERS" "${MECH_SIZE[@]}"
+    --output "$RUN/mechanism" --seed 0 "${MECH_SIZE[@]}"
 fi
 
 # 3b. the second round: the SFT model's own failed attempts become records too (GRPO's seed states), in a new
@@ -386,7 +386,7 @@ fi
 if [ "$RECIPE" = smollm2-135m ]; then
   ABS_RUN=$RUN; [[ "$RUN" = /* ]] || ABS_RUN=$(pwd)/$RUN     # checkpoints as paths (hf:/abs/path), never Hub ids
   stage mine "$GRPO_DATASET" -- "$PY" -m pipeline.drills --tasks "$DRILLS" --output "$GRPO_DATASET" \
-    --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 --workers "$GEN_WORKERS" "${DATA_SIZE[@]}" "${MINE_SIZE[@]}"
+    --extends "$RUN/data" --policy smollm2 --policy "hf:$ABS_RUN/sft/merged" --batch 32 "${DATA_SIZE[@]}" "${MINE_SIZE[@]}"
 fi
 
 # 4. ReTerm-GRPO from the SFT checkpoint, and 5. the standard-GRPO baseline with the same budget: at the recipes'

@@ -428,9 +428,11 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
     dirs = single + multi
     journal_path = output / ".drills" / "journal.jsonl"
     previous = seed_journal(output, extends)
-    done: list[dict[str, Any]] = []
-    if journal_path.exists():
-        done = [json.loads(line) for line in journal_path.read_text().splitlines() if line.strip()]
+    done: list[dict[str, Any]]
+    done, torn = workers_mod.read_lines(journal_path)
+    if torn:
+        print(f"[drills-data] {journal_path}: {torn} line(s) torn by a killed run skipped (their batches run again)",
+              flush=True)  # fmt: skip
     seen = {(e.get("key", e["source"]), t) for e in done for t in e["tasks"]}
     injected = per_family(single, injected_per_family)
     own_teacher = OraclePolicy(dirs, name="oracle-teacher")
@@ -498,8 +500,9 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
         chunks = [(f"{key}#{i}", key_dirs[i : i + size]) for i in range(0, len(key_dirs), size)]
         todo = [(name, c) for name, c in ((n, [d for d in c if (key, d.name) not in seen]) for n, c in chunks) if c]
         for i, (name, chunk) in enumerate(todo):
-            if claims is not None and not claims.take(name.replace("/", "_").replace(":", "_")):
+            if claims is not None and not claims.take(name):
                 continue
+            workers_mod.reseed(0, name)  # the policies' own seed (0), mixed with the batch: whichever worker runs it
             entry = asyncio.run(run_chunk(chunk))
             entry["key"] = key
             workers_mod.append_lines(journal_path, [json.dumps(entry, ensure_ascii=False)])
@@ -642,10 +645,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(the injected mistakes take the first ones; default 0)")
     p.add_argument("--extends", type=Path, default=None,
                    help="a dataset folder (an earlier round) this one extends; it is read, never rewritten")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes that run the batches side by side, each with cpus/N threads (reterm.workers; "
-                        "default 1). On 2 cores two single-thread processes generate 1.33-1.35x the rows a second "
-                        "of one two-thread process (bench/decode.py), with the policies in memory in each")
+                        "default: RETERM_GEN_WORKERS, else 1). On 2 cores two single-thread processes generate "
+                        "1.33-1.35x the rows a second of one two-thread process (bench/decode.py), with the policies "
+                        "in memory in each")
     p.add_argument("--worker", default=None, metavar="I/N",
                    help="be worker I of N: run the batches no other worker has claimed and write no folder (what "
                         "each --workers process runs)")
@@ -653,11 +657,13 @@ def main(argv: list[str] | None = None) -> int:
     apply_thread_policy()  # before a policy loads torch (reterm.generation)
     try:
         worker = workers_mod.parse_worker(a.worker) if a.worker is not None else None
+        a.workers = workers_mod.default_workers() if a.workers is None else a.workers
         if a.workers < 1:
             raise ValueError(f"--workers {a.workers}: expected 1 or more")
         if worker:
             workers_mod.follow_parent()
         elif a.workers > 1:
+            read_splits(a.tasks)  # a bad --tasks is named once, here, not by every worker
             seed_journal(a.output, a.extends)  # once, before the workers share the journal
             workers_mod.Claims.reset(a.output / ".drills" / "claims")
             base = ["-m", "reterm.data.drills", *_without(argv, "--workers", "--worker"), "--workers", "1"]

@@ -41,7 +41,7 @@ runs, the command prints the calculation for the assumed ``psi`` and ``delta`` (
 ``--planned-delta``) and the tasks it will run; ``mechanism.json`` keeps it (``power_plan``).
 
 Outputs in ``DIR``: ``tasks/`` (the drills), ``groups.jsonl`` (one line per task, appended as chunks finish:
-a rerun resumes after the last finished chunk and never counts a task twice), ``attempts.jsonl`` (every
+a rerun runs the chunks it lacks and never counts a task twice), ``attempts.jsonl`` (every
 attempt's trajectory), ``mechanism.json``, ``report.md`` and ``signal.png``.
 
 ``--workers N`` runs the chunks in N processes of cpus/N threads (:mod:`reterm.workers`): each takes the next
@@ -159,14 +159,13 @@ def _rewards(attempts: list[Any]) -> list[float | None]:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The finished rows of ``groups.jsonl`` (a torn last line from a kill is ignored)."""
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+    """The finished rows of ``groups.jsonl``, one per task (the first; a line torn by a kill is skipped:
+    :func:`reterm.workers.read_lines`)."""
+    rows, seen = [], set()
+    for r in workers_mod.read_lines(path)[0]:
+        if isinstance(r, dict) and r.get("task") not in seen:
+            seen.add(r.get("task"))
+            rows.append(r)
     return rows
 
 
@@ -329,11 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "reterm.drills.multistage.turn_budget: 8 for 2 stages, 11 for 3, 14 for 4)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=32, help="attempts generated together (a multiple of G is best)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes that run the chunks of tasks side by side, each with cpus/N threads, taking the "
-                        "chunks one at a time (reterm.workers; default 1). On 2 cores two single-thread processes "
-                        "generate 1.33-1.35x the rows a second of one two-thread process (bench/decode.py), with a "
-                        "model in memory each")
+                        "chunks one at a time (reterm.workers; default: RETERM_GEN_WORKERS, else 1). On 2 cores two "
+                        "single-thread processes generate 1.33-1.35x the rows a second of one two-thread process "
+                        "(bench/decode.py), with a model in memory each. Each chunk samples with its own seed "
+                        "(reterm.workers.reseed), whichever process runs it")
     p.add_argument("--worker", default=None, metavar="I/N",
                    help="be worker I of N: run the chunks no other worker has claimed and write no summary (what "
                         "each --workers process runs)")
@@ -357,28 +357,31 @@ def _without_workers(argv: list[str]) -> list[str]:
     return out
 
 
+def _chunks(tasks: list[Any], done: set[str], per_chunk: int) -> list[tuple[int, list[Any]]]:
+    """``(first index, tasks not done)`` of each chunk of ``per_chunk`` tasks cut from the whole list (so every
+    worker cuts the same ones), leaving out the chunks with nothing left to do."""
+    chunks = [(k, [t for t in tasks[k : k + per_chunk] if t.name not in done]) for k in range(0, len(tasks), per_chunk)]
+    return [(k, c) for k, c in chunks if c]
+
+
 def run_chunks(a: argparse.Namespace, tasks: list[Any], max_turns: int, *, worker: tuple[int, int] | None = None,
                policy: Any = None, t0: float | None = None) -> int:  # fmt: skip
-    """Run the tasks that ``groups.jsonl`` does not hold yet, in chunks of ``--batch / G`` tasks (cut from the
-    whole task list, so every worker cuts the same ones), appending each chunk's rows and attempts under a lock
-    (:func:`reterm.workers.append_lines`). As worker ``(I, N)`` of a ``--workers`` run: only the chunks it claims
-    (:class:`reterm.workers.Claims` in ``DIR/claims``), sampling with seed ``--seed + I``. Returns 0."""
+    """Run the tasks that ``groups.jsonl`` does not hold yet, in chunks of ``--batch / G`` tasks (:func:`_chunks`),
+    appending each chunk's attempts, then its rows, under a lock (:func:`reterm.workers.append_lines`; a kill
+    between the two leaves that chunk's attempts logged twice after the re-run, its rows once). Each chunk samples
+    with torch seeded from ``--seed`` and its first index (:func:`reterm.workers.reseed`). As worker ``(I, N)`` of a
+    ``--workers`` run: only the chunks it claims (:class:`reterm.workers.Claims` in ``DIR/claims``). Returns 0."""
     t0 = time.monotonic() if t0 is None else t0
     journal = a.output / "groups.jsonl"
-    done = {r["task"] for r in read_rows(journal)}
-    per_chunk = max(1, a.batch // a.group_size)
-    chunks = [(k, [t for t in tasks[k : k + per_chunk] if t.name not in done]) for k in range(0, len(tasks), per_chunk)]
-    chunks = [(k, c) for k, c in chunks if c]
-    if not chunks:
-        return 0
+    chunks = _chunks(tasks, {r["task"] for r in read_rows(journal)}, max(1, a.batch // a.group_size))
     claims = workers_mod.Claims(a.output / "claims") if worker else None
     tag = f"worker {worker[0]}/{worker[1]}: " if worker else ""
     for k, chunk in chunks:
         if claims is not None and not claims.take(f"chunk-{k}"):
             continue
         if policy is None:
-            policy = load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
-                                 seed=a.seed + (worker[0] if worker else 0))  # fmt: skip
+            policy = load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
+        workers_mod.reseed(a.seed, k)
         rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=max_turns,
                                             max_consecutive_parse_errors=2))  # fmt: skip
         workers_mod.append_lines(a.output / "attempts.jsonl", lines)
@@ -392,9 +395,16 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     apply_thread_policy()  # before a policy loads torch (reterm.generation)
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    if a.group_size < 2 or a.tasks < 1 or a.stages < 2 or a.workers < 1:
-        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2, --workers >= 1",
-              file=sys.stderr)  # fmt: skip
+    if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
+        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
+        return 2
+    try:
+        a.workers = workers_mod.default_workers() if a.workers is None else a.workers
+    except ValueError as exc:
+        print(f"eval.mechanism: {exc}", file=sys.stderr)
+        return 2
+    if a.workers < 1:
+        print(f"eval.mechanism: --workers {a.workers}: expected 1 or more", file=sys.stderr)
         return 2
     worker = None
     if a.worker is not None:
@@ -434,20 +444,26 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     done = {r["task"] for r in read_rows(journal)}
     todo = [t for t in tasks if t.name not in done]
     _say(f"{len(tasks)} tasks ({len(done)} done before), G={a.group_size}, model {a.model}")
-    workers = min(a.workers, len(todo))
-    if workers > 1 and policy is None:
+    workers = min(a.workers, len(_chunks(tasks, done, max(1, a.batch // a.group_size)))) if policy is None else 1
+    if workers > 1:
         workers_mod.Claims.reset(a.output / "claims")
         base = ["-m", "reterm.eval.mechanism", *_without_workers(argv), "--workers", "1"]
         failed = workers_mod.run_workers([(f"worker {i}/{workers}", [*base, "--worker", f"{i}/{workers}"])
                                           for i in range(workers)], workers, say=_say)  # fmt: skip
         if failed:
-            print(f"eval.mechanism: {sorted(failed)} failed (exit codes {failed}); a re-run resumes after the "
-                  "finished chunks", file=sys.stderr)  # fmt: skip
+            print(f"eval.mechanism: {sorted(failed)} failed (exit codes {failed}); a re-run runs the chunks "
+                  "groups.jsonl lacks", file=sys.stderr)  # fmt: skip
             return 1
     elif todo:
         run_chunks(a, tasks, max_turns, policy=policy, t0=t0)
-    rows = [r for r in read_rows(journal) if r["task"] in {t.name for t in tasks}]
-    m = summarize(rows)
+    order = {t.name: i for i, t in enumerate(tasks)}
+    rows = sorted((r for r in read_rows(journal) if r["task"] in order), key=lambda r: order[r["task"]])
+    missing = [t.name for t in tasks if t.name not in {r["task"] for r in rows}]
+    if missing:  # a worker skipped a chunk it could not claim, or ended early
+        print(f"eval.mechanism: {len(missing)} tasks have no row in {journal} after the run: {missing[:8]}; a "
+              "re-run runs them", file=sys.stderr)  # fmt: skip
+        return 1
+    m = summarize(rows)  # in task order, so that the bootstrap's intervals do not depend on which chunk ended first
     m["settings"] = {"model": a.model, "group_size": a.group_size, "temperature": a.temperature,
                      "tasks": f"{a.drills.name}/{a.split} (single-stage)" if a.drills else
                      "multi-stage drills" if a.stages == 2 else f"chains of {a.stages} stages",
@@ -455,7 +471,7 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
                      "seed": a.seed, "families": list(families)}  # fmt: skip
     m["power_plan"] = plan
     m["wall_s"] = round(time.monotonic() - t0, 1)
-    m["workers"] = max(1, workers)
+    m["workers"] = max(1, workers)  # processes that generated in this invocation
     write_json_atomic(a.output / "mechanism.json", m)
     (a.output / "report.md").write_text(report(m))
     plot(m, a.output / "signal.png")
