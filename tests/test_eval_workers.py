@@ -6,7 +6,6 @@ makes the evaluation fail with its model named, and what the others finished is 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

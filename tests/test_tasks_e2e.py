@@ -2,6 +2,7 @@
 suite tasks and on the converted / shimmed dialect fixtures; `reterm tasks check` with real builds."""
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,9 @@ def _sandbox_ready():
         pytest.fail(f"the local sandbox needs {missing}: run scripts/setup.sh")
 
 
-def _verify(dirs, out):
+def _verify(dirs, out, **kw):
     loaded = [load_task(d) for d in dirs]
-    return {r.name: r for r in asyncio.run(verify_tasks(loaded, out, n_concurrent=2, progress=False))}
+    return {r.name: r for r in asyncio.run(verify_tasks(loaded, out, n_concurrent=2, progress=False, **kw))}
 
 
 def test_suite_tasks_oracle_and_null(tmp_path):
@@ -79,3 +80,8 @@ def test_verify_resumes_from_its_progress_file(tmp_path):
     assert again["tb1-word-count"].ok
     trials_after = sorted(p.name for p in (tmp_path / "trials").iterdir())
     assert len(trials_after) == 4 and set(trials_before) < set(trials_after)
+    # a task named to run again (`reterm tasks verify --task NAME`) runs again, and its new record wins
+    third = _verify([FIXTURES / "tb2-hello"], tmp_path, rerun=("tb2-hello",))
+    assert third["tb2-hello"].ok and len(list((tmp_path / "trials").iterdir())) == 6
+    lines = [json.loads(x) for x in (tmp_path / PROGRESS).read_text().splitlines() if x.startswith('{"name": "tb2-hello"')]
+    assert len(lines) == 2 and read_progress(tmp_path / PROGRESS)["tb2-hello"].trials == third["tb2-hello"].trials

@@ -15,9 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from reterm.sandbox.base_image import ensure_base
 from reterm.tasks.loader import LoadedTask, TaskLoadError, check_local_build, find_task_dirs, load_task
 from reterm.tasks.shim import shim_covered, shim_reasons
-from reterm.sandbox.base_image import ensure_base
 
 
 @dataclass

@@ -25,6 +25,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+
 from reterm.drills import DEFAULT_OOD_FAMILIES, generate_drills, summary_table
 from reterm.drills.check import check_drills, checks_json
 from reterm.drills.multistage import add_train_instances
@@ -80,7 +81,8 @@ def _verify(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/tasks-verify-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.monotonic()
     results = asyncio.run(verify_tasks(loaded, out, n_concurrent=args.n_concurrent, progress=not args.quiet,
-                                       environment_kwargs=ek, build_first=not args.no_build_first))  # fmt: skip
+                                       environment_kwargs=ek, build_first=not args.no_build_first,
+                                       rerun=tuple(args.task or ())))  # fmt: skip
     total = time.monotonic() - t0
     from reterm.tasks.verify import TaskVerification
 
@@ -180,7 +182,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("path")
     p.add_argument("--out", help="output folder (default runs/tasks-verify-<time>)")
     p.add_argument("-n", "--n-concurrent", type=int, default=2, help="trials at a time (default 2)")
-    p.add_argument("--task", action="append", help="only this task (repeatable)")
+    p.add_argument("--task", action="append",
+                   help="only this task (repeatable); run again even when --out's verify-progress.jsonl has it")
     p.add_argument("--limit", type=int, help="only the first N tasks by name")
     p.add_argument("--ek", action="append", metavar="KEY=VALUE", help="a local-sandbox option for every trial, as "
                    "harbor's --ek (e.g. public_network=host; reterm.sandbox.local.LocalOptions); repeatable")

@@ -25,6 +25,7 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
 from reterm.io import write_json_atomic, write_text_atomic
 
 #: Benchmarks known by name: a file of task ids shipped with the kit (id matching only).

@@ -32,10 +32,10 @@ from harbor.models.task.config import TaskConfig
 from harbor.models.task.task import Task
 from pydantic import ValidationError
 
+from reterm.sandbox import dockerfile as df
 from reterm.tasks.cache import build_once, cache_root, content_hash
 from reterm.tasks.errors import TaskLoadError
 from reterm.tasks.tb1 import convert_tb1
-from reterm.sandbox import dockerfile as df
 
 DIALECTS = ("harbor", "termigen", "terminal-bench-1")
 REWARD_FILES = ("reward.txt", "reward.json")

@@ -174,13 +174,15 @@ async def build_task(loaded: LoadedTask) -> tuple[float, str | None]:
 
 async def verify_tasks(tasks: list[LoadedTask], out_dir: Path, *, n_concurrent: int = 2, progress: bool = True,
                        agents: tuple[str, ...] = AGENTS, environment_kwargs: dict | None = None,
-                       build_first: bool = False) -> list[TaskVerification]:  # fmt: skip
+                       build_first: bool = False, rerun: tuple[str, ...] = ()) -> list[TaskVerification]:  # fmt: skip
     """Run ``agents`` (default oracle and nop) on every task, ``n_concurrent`` trials at a time.
 
     Args:
         environment_kwargs: local-sandbox options for every trial (:class:`reterm.sandbox.local.LocalOptions`).
         build_first: build each task's layer before its trials (one at a time, timed in ``build_s``); a task
             whose build fails runs no trial and reports ``build_error``.
+        rerun: names of tasks to run even when :data:`PROGRESS` holds them (their new record is appended and
+            wins over the old one, :func:`read_progress`).
 
     Trial folders go to ``out_dir/trials``. Every finished task is appended to ``out_dir/`` :data:`PROGRESS`;
     a later call with the same ``out_dir`` (and the same ``agents``) takes those tasks from there instead of
@@ -193,7 +195,7 @@ async def verify_tasks(tasks: list[LoadedTask], out_dir: Path, *, n_concurrent: 
     trials_dir = Path(out_dir) / "trials"
     trials_dir.mkdir(parents=True, exist_ok=True)
     progress_path = Path(out_dir) / PROGRESS
-    done = read_progress(progress_path, agents)
+    done = {k: v for k, v in read_progress(progress_path, agents).items() if k not in set(rerun)}
     results = [done.get(t.name) or TaskVerification(t.name, str(t.task_dir), needs_shim(t.task_dir), t.has_solution)
                for t in tasks]  # fmt: skip
     todo = [i for i, t in enumerate(tasks) if t.name not in done]
