@@ -154,3 +154,14 @@ def test_a_dated_image_resolves_python_packages_as_of_its_date(tmp_path):
         layer_key(dockerfile, task / "environment", base)
     plain = "FROM python:3.11-slim\nRUN echo no packages\n"
     assert layer_key(plain, None, base, "2020-01-01T00:00:00Z") == layer_key(plain, None, base)
+
+
+def test_a_build_that_filled_the_disk_is_not_remembered_as_failed(tmp_path):
+    """The layer is built in a folder on this machine's disk: a step that ends with ENOSPC failed for want of
+    the machine's room, not for the task, so the next start builds again instead of repeating a cached reason."""
+    dockerfile = f"FROM debian:bookworm-slim\nRUN echo {uuid.uuid4().hex}; echo 'OSError: [Errno 28] No space left on device' >&2; exit 1\n"
+    task = make_task(tmp_path / "full", dockerfile)
+    key = layer_key(dockerfile, task / "environment", ensure_base())
+    with pytest.raises(SandboxBuildFailedError, match="disk filled up during the build"):
+        asyncio.run(_run(task, "true"))
+    assert cached_failure(key) is None

@@ -72,6 +72,7 @@ _PYTHON_STRICT_INSTALL = (
     "export DEBIAN_FRONTEND=noninteractive && apt-get update -qq && "
     "apt-get install -y -qq --no-install-recommends python3 python3-pip python3-venv python3-dev >/dev/null"
 )
+_HOST_DISK_FULL = "No space left on device"  # ENOSPC's text, as pip, apt, cp and tar print it
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.I | re.M)
 _DATE_TAG = re.compile(r":(20\d\d)(0[1-9]|1[0-2])(0[1-9]|[12]\d|3[01])$")
 # a build step that installs Python packages: pip / pip3 / python -m pip / uv pip / uv add / uv sync / uv tool
@@ -360,6 +361,9 @@ async def ensure_layer(
             meta = await _Builder(dockerfile, context, base, tmp, log, as_of=as_of).run(instructions)
         except SandboxBuildFailedError as exc:  # a step failed: remembered, so the next trial does not redo it
             rmtree_writable(tmp)
+            if _HOST_DISK_FULL in str(exc):  # the build's layer is a folder on this machine's disk: not the task's
+                raise SandboxBuildFailedError(f"{exc}\n(note: this machine's disk filled up during the build; the "
+                                              "failure is not remembered: free space and start the task again)") from exc  # fmt: skip
             rec = {"reason": str(exc), "dockerfile": str(dockerfile), "failed_at": time.time(),
                    "build_s": round(time.monotonic() - t0, 2)}
             _failure_path(key).write_text(json.dumps(rec, indent=1))
