@@ -1,8 +1,8 @@
 """The Terminal-Bench 2.0 table of docs/SANDBOX.md from the outputs of ``reterm tasks verify``.
 
 ``python scripts/tb2_table.py TASKS --offline RUN [--host RUN]`` prints a markdown table, one row per task
-folder of ``TASKS`` (task | FROM | build (s) | offline oracle / no-op | offline s | offline status | host
-oracle / no-op | host status | reason), then the totals by status and the faults by cause: ``network_error``
+folder of ``TASKS`` (task | FROM | build (s), of the run that built the layer | offline oracle / no-op | offline
+s | offline status | host oracle / no-op | host status | reason), then the totals by status and the faults by cause: ``network_error``
 by the host a solution or verifier could not reach (and the packages the offline shim could not install),
 build faults by the host the step could not reach, the refused tasks with their reason, the scored ``FAIL``
 tasks with the tests that failed.
@@ -126,6 +126,14 @@ def _build(rec: dict | None) -> str:
     return f"{'FAIL' if rec.get('build_error') else 'ok'} {rec['build_s']:.0f}"
 
 
+def _built(off: dict | None, hos: dict | None) -> dict | None:
+    """The record whose run built the task's layer: the one with the longer build (a layer is shared by both
+    policies, so the run that came second found it in the cache, in ~0 s)."""
+    if off is None or hos is None or off["status"] == "refused":
+        return off if off is not None else hos
+    return hos if (hos.get("build_s") or 0) > (off.get("build_s") or 0) else off
+
+
 def _wall(rec: dict | None) -> str:
     if rec is None or rec["status"] == "refused":
         return "-"
@@ -201,7 +209,7 @@ def table(tasks_root: Path, offline: dict[str, dict], host: dict[str, dict] | No
         if hos is not None and hos["status"] != "ok" and reason(hos, host_dir) != why:
             why = "; ".join(x for x in (why and f"offline: {why}", f"host network: {reason(hos, host_dir)}") if x)
         host_cells = f"{_pair(hos)} | {hos['status'] if hos else '-'}" if host is not None else "- | -"
-        rows.append(f"| {name} | {from_line(task_dir)} | {_build(off)} | {_pair(off)} | {_wall(off)} | "
+        rows.append(f"| {name} | {from_line(task_dir)} | {_build(_built(off, hos))} | {_pair(off)} | {_wall(off)} | "
                     f"{off['status'] if off else 'not run'} | {host_cells} | {_cell(why)} |")
     return "\n".join(rows) + "\n"
 
