@@ -22,6 +22,13 @@ Measured, in this order:
 ``--int8`` adds a third path, the loop with int8 copies of the linear layers (:mod:`reterm.policies.int8_weights`),
 in steps 2 and 4 (interleaved with the others), and the rows whose greedy tokens differ from today's path.
 
+``--processes N`` (N >= 2) adds the kit's process split (:mod:`reterm.workers`, the data, mechanism and mine
+stages' ``RETERM_GEN_WORKERS``): N processes of cpus/N threads each generate the same ``--rows`` prompts through
+today's path, started together (each loads the model, then waits for the others); ``speedup_processes`` is N times
+this process's median wall for those rows over the wall of the N processes (rows a second, against one process
+of all the threads), with ``wall_s_processes`` and ``rows_differing_processes`` (rows whose greedy tokens differ
+from this process's: one thread's sums may round differently).
+
 Ends with one JSON line: ``decode_over_read`` (loop's step ms over the time to read the weights and the rows' KV
 cache once at the measured bandwidth), ``decode_floor_over_read`` (the step's arithmetic at the measured matmul
 peak over that same read time: the least ``decode_over_read`` float32 arithmetic allows on this machine), ``prefill_share_of_peak`` (prefill tokens/s x FLOPs a token over the
@@ -30,7 +37,8 @@ measured peak; FLOPs a token: 2 x non-embedding parameters + 4 x layers x query 
 ``rows_differing``; with ``--int8`` also ``speedup_int8``, ``step_ms_int8``, ``decode_over_read_int8`` (against
 the int8 weights' read time) and ``rows_differing_int8``.
 
-Usage: ``python bench/decode.py [--rows 32] [--new-tokens 96] [--reps 2] [--steps 5] [--profile] [--int8]``
+Usage: ``python bench/decode.py [--rows 32] [--new-tokens 96] [--reps 2] [--steps 5] [--profile] [--int8]
+[--processes 2]``
 """
 
 from __future__ import annotations
@@ -168,7 +176,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--int8", action="store_true", help="also the loop with int8 weights (reterm.policies.int8_weights)")
+    p.add_argument("--processes", type=int, default=0, metavar="N",
+                   help="also N processes of cpus/N threads generating the rows side by side (reterm.workers)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a --processes process: its start file
     args = p.parse_args()
+    if args.processes == 1 or args.processes < 0:
+        p.error(f"--processes {args.processes}: expected 2 or more (or 0: none)")
+    if args.child:
+        return child(args)
 
     from reterm.generation import apply_thread_policy
 
@@ -242,6 +257,13 @@ def main() -> None:
             _say(f"  round {rep + 1}/{args.reps} {name:5}: {walls[name][-1]:.1f} s")
     differ = sum(a != b for a, b in zip(ids_of["today"], ids_of["loop"]))
     med = {k: statistics.median(v) for k, v in walls.items()}
+    if args.processes:
+        wall_p, differ_p = processes(args, ids_of["today"])
+        extra_p = {"speedup_processes": round(args.processes * med["today"] / wall_p, 2),
+                   "wall_s_processes": round(wall_p, 1), "processes": args.processes,
+                   "rows_differing_processes": differ_p}  # fmt: skip
+    else:
+        extra_p = {}
     lengths = [len(r) for r in ids_of["loop"]]
     extra = {}
     if args.int8:
@@ -259,8 +281,67 @@ def main() -> None:
         "wall_s_today": [round(w, 1) for w in walls["today"]], "wall_s_loop": [round(w, 1) for w in walls["loop"]],
         "rows": B, "width": W, "new_tokens": args.new_tokens, "reply_tokens_mean": round(sum(lengths) / B, 1),
         "reply_tokens_max": max(lengths), "rows_differing": differ, "dtype": str(policy.dtype),
-        "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(), "profile_ms": split, **extra,
+        "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(), "profile_ms": split, **extra, **extra_p,
     }))  # fmt: skip
+
+
+def child(args) -> None:
+    """A ``--processes`` process: load the model, say ready, wait for the start file, generate the rows through
+    today's path, print one JSON line (start and end times, the rows' tokens)."""
+    from reterm.generation import apply_thread_policy
+
+    apply_thread_policy()
+    import os
+
+    from reterm.policies import load_policy
+    from reterm.policies.kv_cache import PrefixKVCache, cut_at_stop
+
+    policy = load_policy(args.model, temperature=0.0, max_new_tokens=args.new_tokens, seed=0, dtype=args.dtype)
+    prompts = prompts_of(policy, args.rows)
+    print("ready", flush=True)
+    while not os.path.exists(args.child):
+        time.sleep(0.05)
+    t0 = time.time()
+    out = PrefixKVCache(fast_decode=False).generate(
+        policy.model, prompts, max_new_tokens=args.new_tokens, stop_token_ids=policy.stop_token_ids,
+        pad_token_id=policy.pad_token_id, generation_kwargs={"do_sample": False})  # fmt: skip
+    stops = set(policy.stop_token_ids)
+    rows = [cut_at_stop(r, stops)[0] for r in out.new_ids.tolist()]
+    print(json.dumps({"start": t0, "end": time.time(), "rows": rows}), flush=True)
+
+
+def processes(args, reference: list[list[int]]) -> tuple[float, int]:
+    """Run ``--processes`` child processes of cpus/N threads (:func:`reterm.workers.threads_per_worker`), release
+    them together once all are loaded; returns (seconds from the release to the last one's end, rows of any child
+    whose tokens differ from ``reference``)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from reterm.workers import threads_per_worker
+
+    n = args.processes
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker(n)))
+    with tempfile.TemporaryDirectory() as tmp:
+        go = os.path.join(tmp, "go")
+        cmd = [sys.executable, __file__, "--model", args.model, "--dtype", args.dtype, "--rows", str(args.rows),
+               "--new-tokens", str(args.new_tokens), "--child", go]  # fmt: skip
+        procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+        for proc in procs:
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"bench/decode.py --processes: a process ended before it was ready ({line!r})")
+        released = time.time()
+        open(go, "w").close()
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate()
+            if proc.returncode:
+                raise RuntimeError(f"bench/decode.py --processes: a process exited with {proc.returncode}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    wall = max(r["end"] for r in results) - released
+    _say(f"{n} processes of {env['OMP_NUM_THREADS']} threads, {args.rows} rows each: {wall:.1f} s")
+    return wall, sum(a != b for r in results for a, b in zip(r["rows"], reference))
 
 
 if __name__ == "__main__":
