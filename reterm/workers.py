@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -36,6 +37,11 @@ computes: a changed command line would make ``train/stages.py`` run a completed 
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 """The checkout whose ``reterm/`` this is (put first on a worker's ``PYTHONPATH``)."""
+
+
+STOP_GRACE_S = float(os.environ.get("RETERM_WORKER_STOP_GRACE_S", "20"))
+"""Seconds a worker told to stop (SIGTERM) has for its cleanup before it exits without waiting for a generation
+call still running in a thread (:func:`follow_parent`; the parent kills it after 30)."""
 
 
 def default_workers() -> int:
@@ -78,7 +84,8 @@ def reseed(seed: int, chunk: str | int) -> None:
 def follow_parent() -> None:
     """In a worker: stop (SIGTERM, whose handler exits through every ``finally``, so snapshots are released) when
     the process that started it dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``), so that a re-run never
-    finds an orphan still writing the same journal. SIGINT (a Ctrl-C reaches the whole process group) is ignored:
+    finds an orphan still writing the same journal; :data:`STOP_GRACE_S` after SIGTERM it ends even while a
+    generation call runs on in a thread. SIGINT (a Ctrl-C reaches the whole process group) is ignored:
     the parent stops its workers with SIGTERM, and a second signal would cut their cleanup short. Does nothing
     outside a worker (no :data:`PARENT_ENV`)."""
     parent = os.environ.get(PARENT_ENV)
@@ -87,6 +94,12 @@ def follow_parent() -> None:
 
     def stop(*_: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would cut the cleanup short
+        # asyncio.run cancels the tasks (their ``finally`` blocks release the snapshots), then waits for its
+        # executor threads, and a batched generation call in one of them cannot be interrupted (minutes on a CPU):
+        # after the grace period the process ends without waiting for it
+        timer = threading.Timer(STOP_GRACE_S, os._exit, args=(128 + signal.SIGTERM,))
+        timer.daemon = True
+        timer.start()
         sys.exit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)

@@ -188,3 +188,27 @@ def test_data_in_two_processes_matches_one_process(tmp_path, capfd):
         outs[w] = (sorted(keys), {k: sorted(v) for k, v in scripted.items()})
         assert json.loads((out / "stats.json").read_text())["splits"]["train"] > 0  # the folder is written once, here
     assert outs[2][0] == outs[1][0] and outs[2][1] == outs[1][1]
+
+
+def test_a_stopped_worker_cleans_up_and_does_not_wait_for_a_generation_call(tmp_path):
+    """SIGTERM to a worker while a thread runs a call that cannot be interrupted (a batched generation) and that
+    the interpreter would wait for on its way out: its ``finally`` blocks run at once (snapshots are released
+    there), and it ends after the grace period instead of when the call would have returned."""
+    import os
+    import signal
+    import time
+
+    marker = tmp_path / "cleaned"
+    code = ("import threading, time\nfrom reterm.workers import follow_parent\nfollow_parent()\n"
+            "threading.Thread(target=time.sleep, args=(300,)).start()\n"
+            f"try:\n    print('busy', flush=True)\n    time.sleep(300)\nfinally:\n    open({str(marker)!r}, 'w').write('ok')\n")  # fmt: skip
+    env = dict(os.environ, RETERM_WORKER_STOP_GRACE_S="2", **{workers.PARENT_ENV: str(os.getpid())})
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "busy"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert rc == 128 + signal.SIGTERM and time.monotonic() - t0 < 30 and marker.read_text() == "ok"
