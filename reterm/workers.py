@@ -114,6 +114,47 @@ def follow_parent() -> None:
         sys.exit(128 + signal.SIGTERM)
 
 
+def without_options(argv: list[str], *options: str) -> list[str]:
+    """``argv`` without ``OPTION VALUE`` / ``OPTION=VALUE`` for each of ``options`` (a parser built with
+    ``allow_abbrev=False``, so that no abbreviation slips past)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in options)):
+            out.append(arg)
+    return out
+
+
+def resolve_workers(workers: int | None, worker: str | None) -> tuple[int, tuple[int, int] | None]:
+    """A stage's ``--workers`` (``None``: :func:`default_workers`) and ``--worker I/N`` values -> ``(N processes,
+    (I, N) or None)``; in a worker process (``--worker`` given) also :func:`follow_parent`.
+
+    Raises:
+        ValueError: ``--workers`` below 1, a bad :data:`WORKERS_ENV` or a bad ``--worker`` (the value named).
+    """
+    n = default_workers() if workers is None else workers
+    if n < 1:
+        raise ValueError(f"--workers {n}: expected 1 or more")
+    me = parse_worker(worker) if worker is not None else None
+    if me is not None:
+        follow_parent()
+    return n, me
+
+
+def run_chunk_workers(module: str, argv: list[str], workers: int, claims: Path, *,
+                      say: Callable[[str], None] = print) -> dict[str, int]:  # fmt: skip
+    """Start ``workers`` processes of ``python -m module`` with this command line (``argv``, its ``--workers`` and
+    ``--worker`` replaced by ``--workers 1 --worker I/N``) after removing the claims in ``claims``
+    (:meth:`Claims.reset`): each takes the chunks no other has claimed. Returns :func:`run_workers`'s failures."""
+    Claims.reset(claims)
+    base = ["-m", module, *without_options(argv, "--workers", "--worker"), "--workers", "1"]
+    return run_workers([(f"worker {i}/{workers}", [*base, "--worker", f"{i}/{workers}"]) for i in range(workers)],
+                       workers, say=say)  # fmt: skip
+
+
 def run_workers(commands: list[tuple[str, list[str]]], workers: int, *,
                 say: Callable[[str], None] = print, what: str = "") -> dict[str, int]:  # fmt: skip
     """Run ``commands`` (``(label, argv)`` pairs, ``argv`` without the interpreter: ``["-m", "reterm.x", ...]``)

@@ -606,19 +606,6 @@ def seed_journal(output: Path, extends: Path | None) -> dict[str, Any] | None:
     return json.loads(prev_stats.read_text())
 
 
-def _without(argv: list[str], *options: str) -> list[str]:
-    """``argv`` without ``OPTION VALUE`` / ``OPTION=VALUE`` for each of ``options``."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in options:
-            skip = True
-        elif not arg.startswith(tuple(f"{o}=" for o in options)):
-            out.append(arg)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # no abbreviations: the --workers processes get this command line with --workers replaced
@@ -656,20 +643,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     apply_thread_policy()  # before a policy loads torch (reterm.generation)
     try:
-        worker = workers_mod.parse_worker(a.worker) if a.worker is not None else None
-        a.workers = workers_mod.default_workers() if a.workers is None else a.workers
-        if a.workers < 1:
-            raise ValueError(f"--workers {a.workers}: expected 1 or more")
-        if worker:
-            workers_mod.follow_parent()
-        elif a.workers > 1:
+        a.workers, worker = workers_mod.resolve_workers(a.workers, a.worker)
+        if worker is None and a.workers > 1:
             read_splits(a.tasks)  # a bad --tasks is named once, here, not by every worker
             seed_journal(a.output, a.extends)  # once, before the workers share the journal
-            workers_mod.Claims.reset(a.output / ".drills" / "claims")
-            base = ["-m", "reterm.data.drills", *_without(argv, "--workers", "--worker"), "--workers", "1"]
-            failed = workers_mod.run_workers([(f"worker {i}/{a.workers}", [*base, "--worker", f"{i}/{a.workers}"])
-                                              for i in range(a.workers)], a.workers,
-                                             say=lambda m: print(f"[drills-data] {m}", flush=True))  # fmt: skip
+            failed = workers_mod.run_chunk_workers("reterm.data.drills", argv, a.workers, a.output / ".drills" / "claims",
+                                                   say=lambda m: print(f"[drills-data] {m}", flush=True))  # fmt: skip
             if failed:
                 print(f"pipeline.drills: {sorted(failed)} failed (exit codes {failed}); a re-run resumes from the "
                       "journal", file=sys.stderr)  # fmt: skip

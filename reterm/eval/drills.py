@@ -711,16 +711,8 @@ def _unwinnable_items(policy: Any, dirs: list[Path], max_new_tokens: int, max_tu
 
 
 def _without_only(argv: list[str]) -> list[str]:
-    """``argv`` without its ``--only NAME`` / ``--only=NAME`` options."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--only":
-            skip = True
-        elif not arg.startswith("--only="):
-            out.append(arg)
-    return out
+    """``argv`` without its ``--only NAME`` / ``--only=NAME`` options (:func:`reterm.workers.without_options`)."""
+    return workers_mod.without_options(argv, "--only")
 
 
 def run_workers(argv: list[str], names: list[str], workers: int) -> dict[str, int]:

@@ -344,19 +344,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _without_workers(argv: list[str]) -> list[str]:
-    """``argv`` without its ``--workers N`` / ``--workers=N`` and ``--worker`` options."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--workers", "--worker"):
-            skip = True
-        elif not arg.startswith(("--workers=", "--worker=")):
-            out.append(arg)
-    return out
-
-
 def _chunks(tasks: list[Any], done: set[str], per_chunk: int) -> list[tuple[int, list[Any]]]:
     """``(first index, tasks not done)`` of each chunk of ``per_chunk`` tasks cut from the whole list (so every
     worker cuts the same ones), leaving out the chunks with nothing left to do."""
@@ -399,21 +386,10 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
         print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
         return 2
     try:
-        a.workers = workers_mod.default_workers() if a.workers is None else a.workers
+        a.workers, worker = workers_mod.resolve_workers(a.workers, a.worker)
     except ValueError as exc:
         print(f"eval.mechanism: {exc}", file=sys.stderr)
         return 2
-    if a.workers < 1:
-        print(f"eval.mechanism: --workers {a.workers}: expected 1 or more", file=sys.stderr)
-        return 2
-    worker = None
-    if a.worker is not None:
-        try:
-            worker = workers_mod.parse_worker(a.worker)
-        except ValueError as exc:
-            print(f"eval.mechanism: {exc}", file=sys.stderr)
-            return 2
-        workers_mod.follow_parent()
 
     families = tuple(a.families.split(",")) if a.families else DEFAULT_STAGE_FAMILIES
     try:
@@ -446,10 +422,7 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     _say(f"{len(tasks)} tasks ({len(done)} done before), G={a.group_size}, model {a.model}")
     workers = min(a.workers, len(_chunks(tasks, done, max(1, a.batch // a.group_size)))) if policy is None else 1
     if workers > 1:
-        workers_mod.Claims.reset(a.output / "claims")
-        base = ["-m", "reterm.eval.mechanism", *_without_workers(argv), "--workers", "1"]
-        failed = workers_mod.run_workers([(f"worker {i}/{workers}", [*base, "--worker", f"{i}/{workers}"])
-                                          for i in range(workers)], workers, say=_say)  # fmt: skip
+        failed = workers_mod.run_chunk_workers("reterm.eval.mechanism", argv, workers, a.output / "claims", say=_say)
         if failed:
             print(f"eval.mechanism: {sorted(failed)} failed (exit codes {failed}); a re-run runs the chunks "
                   "groups.jsonl lacks", file=sys.stderr)  # fmt: skip

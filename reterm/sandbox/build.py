@@ -339,7 +339,8 @@ async def ensure_layer(
         dockerfile = environment_dir / "(task.toml docker_image)"
     else:
         raise FileNotFoundError(f"{environment_dir}: no Dockerfile and no docker_image in task.toml")
-    as_of = upload_date(docker_image) if pins_upload_date(text, upload_date(docker_image)) else None
+    as_of = upload_date(docker_image)
+    as_of = as_of if pins_upload_date(text, as_of) else None  # the builder sets the pin up only where it applies
     key = layer_key(text, context, base, as_of)
     if not force and (found := find_layer(key)):
         return found
