@@ -246,7 +246,7 @@ def step_messages(step: Step) -> list[dict[str, Any]]:
     - a parse error: ``assistant`` with the raw model text, then a ``user`` message holding the
       parse-error observation (there is no call to answer).
     - the last step of a failed attempt that a recovery attempt continues carries
-      ``step.extra["feedback"]`` (``FEEDBACK_MESSAGE`` of :mod:`reterm.agent.protocol`): after a ``submit`` it is the submit's ``tool``
+      ``step.extra["feedback"]`` (:func:`reterm.agent.protocol.feedback_message`): after a ``submit`` it is the submit's ``tool``
       response, after any other step a ``user`` message. The next assistant message starts attempt 2.
     """
     if step.action is None:

@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+from reterm.agent.protocol import FEEDBACK_MESSAGE, feedback_message, is_feedback, verifier_progress
 from reterm.drills import generate_drills
 from reterm.drills.families import DEFAULT_OOD_FAMILIES
 from reterm.drills.generate import stage_parts
@@ -90,6 +91,19 @@ def test_resume_plans_cover_the_chain(k):
     assert turn_budget(k) == 3 * k + 2
 
 
+def test_feedback_names_the_parts_left_only_where_the_verifier_reports_progress():
+    out = "FAIL: /srv/x does not contain exactly: 42\nSTAGES DONE: 1 of 4\nSTAGES LEFT: part 2 (a-b), part 4 (c)\n"
+    assert verifier_progress(out) == (1, 4, (2, 4))
+    fb = feedback_message(out)
+    assert fb == FEEDBACK_MESSAGE + " Parts done: 1 of 4. Still to do: Part 2, Part 4."
+    assert "42" not in fb and "/srv" not in fb  # no check and no expected content
+    assert feedback_message("FAIL: x\n") == feedback_message(None) == FEEDBACK_MESSAGE  # e.g. Terminal-Bench
+    assert feedback_message("STAGES DONE: 4 of 4\n").endswith("Parts done: 4 of 4.")
+    assert is_feedback(fb) and is_feedback(FEEDBACK_MESSAGE) and not is_feedback("wrote /srv/x") and not is_feedback(None)
+    with pytest.raises(ValueError, match="malformed progress line"):
+        feedback_message("STAGES DONE: 5 of 4")
+
+
 def test_stages_done_reads_the_verifier_line():
     assert stages_done("FAIL: x\nSTAGES DONE: 1 of 3\nSTAGES LEFT: part 2 (a), part 3 (b)\n") == (1, 3)
     assert stages_done("FAIL: x\n") is None and stages_done(None) is None
@@ -138,6 +152,12 @@ def test_chains_in_the_sandbox_oracle_passes_null_fails_and_resumption_passes(tm
         assert [stages_done(tail(a)) for a in firsts] == [(j, k) for j in range(k + 1)]
         assert "STAGES LEFT: part 1 (" in tail(firsts[0]) and "STAGES LEFT" not in tail(firsts[-1])
         assert all(r.trajectory.passed for r in recs), [tail(r) for r in recs]
+        # the recovery's feedback names the parts done and left (the instruction's numbers), nothing of the checks
+        for j, a in enumerate(firsts[:k]):
+            fb = attempt_end_state(a).history[-1].extra["feedback"]
+            left = ", ".join(f"Part {n}" for n in range(j + 1, k + 1))
+            assert fb == f"{FEEDBACK_MESSAGE} Parts done: {j} of {k}. Still to do: {left}.", fb
+            assert "FAIL" not in fb and "(" not in fb
 
 
 @pytest.mark.slow
@@ -167,7 +187,9 @@ def test_sft_data_on_chains_teaches_each_stage_and_the_resumption(tmp_path):
         k = r["train_from_message_index"]
         assert r["messages"][k - 1]["role"] == "tool" and "did not pass" in r["messages"][k - 1]["content"]
         task = next(c.path for c in chains if r["task_id"] == c.name)
-        first, teacher, _ = resume_plan(stage_parts(task), kind)
+        first, teacher, done = resume_plan(stage_parts(task), kind)
+        left = ", ".join(f"Part {n}" for n in range(done + 1, 4))
+        assert r["messages"][k - 1]["content"].endswith(f"Parts done: {done} of 3. Still to do: {left}.")
 
         def calls(msgs):
             return [json.loads(c["function"]["arguments"]).get("command") for m in msgs if m["role"] == "assistant"

@@ -63,6 +63,64 @@ FEEDBACK_MESSAGE = (_PROMPTS / f"feedback_{FEEDBACK_VERSION}.md").read_text().st
 It says that the attempt did not pass and that the environment keeps its changes, and it does not reveal the
 tests (the release's protocol; see docs/PROTOCOL.md). Versioned like the system prompt."""
 
+STAGES_DONE_LINE = "STAGES DONE: "
+"""A verifier that reports its progress (the kit's chain drills, :mod:`reterm.drills.multistage`) prints
+``STAGES DONE: <j> of <k>`` (``j`` of its ``k`` parts pass every check)..."""
+STAGES_LEFT_LINE = "STAGES LEFT: "
+"""...and, unless every part is done, ``STAGES LEFT: part 2 (<family>), part 3 (<family>)``."""
+_PART_RE = re.compile(r"\bpart (\d+)\b")
+
+
+def verifier_progress(verifier_output: str | None) -> tuple[int, int, tuple[int, ...]] | None:
+    """``(parts done, parts, numbers of the parts left)`` from a verifier's output that reports its progress (the
+    last ``STAGES DONE: j of k`` line, and the ``STAGES LEFT:`` line after it); ``None`` when the output has no
+    such line (a task whose verifier does not report progress, no output, or output cut before the line).
+
+    Raises:
+        ValueError: a ``STAGES DONE:`` line that is not ``j of k`` with ``0 <= j <= k`` (quoted).
+    """
+    found = None
+    for line in (verifier_output or "").splitlines():
+        line = line.strip()
+        if line.startswith(STAGES_DONE_LINE):
+            parts = line.removeprefix(STAGES_DONE_LINE).split()
+            if len(parts) != 3 or parts[1] != "of" or not (parts[0].isdigit() and parts[2].isdigit()) \
+                    or int(parts[0]) > int(parts[2]):  # fmt: skip
+                raise ValueError(f"verifier output: malformed progress line {line!r} (expected 'STAGES DONE: j of k')")
+            found = (int(parts[0]), int(parts[2]), ())
+        elif line.startswith(STAGES_LEFT_LINE) and found is not None:
+            found = (found[0], found[1], tuple(int(n) for n in _PART_RE.findall(line.removeprefix(STAGES_LEFT_LINE))))
+    return found
+
+
+def feedback_message(verifier_output: str | None = None) -> str:
+    """The feedback that starts a recovery attempt after the failed attempt whose verifier printed
+    ``verifier_output``: :data:`FEEDBACK_MESSAGE`, and, when that verifier reports its progress
+    (:func:`verifier_progress`; the kit's chain drills), which parts are done and which are left::
+
+        Your attempt did not pass the task's tests. [...] complete the task. Parts done: 1 of 4. Still to do: Part 2, Part 4.
+
+    The part numbers are the instruction's own ("Part 2: ..."); the message names no check, file or expected
+    content (the release's protocol shows no test). Tasks without the report (Terminal-Bench, the release's
+    records) get :data:`FEEDBACK_MESSAGE` unchanged. The chain drills' design asks for the parts left to be
+    named after a failed attempt: a recovery that resumes a long task has to know where it is (issue 41).
+
+    Raises:
+        ValueError: a malformed progress line (:func:`verifier_progress`).
+    """
+    progress = verifier_progress(verifier_output)
+    if progress is None:
+        return FEEDBACK_MESSAGE
+    done, total, left = progress
+    todo = f" Still to do: {', '.join(f'Part {n}' for n in left)}." if left else ""
+    return f"{FEEDBACK_MESSAGE} Parts done: {done} of {total}.{todo}"
+
+
+def is_feedback(text: str | None) -> bool:
+    """Whether a message is the feedback after a failed attempt (:func:`feedback_message`, with or without the
+    progress sentence): how an attempt-level failure state's prompt is told from an in-attempt one."""
+    return (text or "").strip().startswith(FEEDBACK_MESSAGE)
+
 BASH_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import load_task
+from reterm.agent.protocol import STAGES_DONE_LINE, STAGES_LEFT_LINE
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
 from reterm.drills.model import Drill
 from reterm.trajectory import write_json_atomic
@@ -43,10 +44,6 @@ SPLITS = ("train", "test", "test_ood")
 TIER = "drills"
 AGENT_TIMEOUT_SEC = 120.0
 VERIFIER_TIMEOUT_SEC = 30.0
-STAGES_DONE_LINE = "STAGES DONE: "
-"""A chain's verifier prints ``STAGES DONE: <j> of <k>`` (``j`` of its ``k`` stages pass every check)."""
-STAGES_LEFT_LINE = "STAGES LEFT: "
-"""...and, unless every stage is done, ``STAGES LEFT: part 2 (<family>), part 3 (<family>)``."""
 
 
 @dataclass(frozen=True)

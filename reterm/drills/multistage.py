@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reterm.agent.protocol import verifier_progress
 from reterm.drills.families import DEFAULT_OOD_FAMILIES, FAMILIES
-from reterm.drills.generate import STAGES_DONE_LINE, DrillInstance, instance_name, make_drill, task_files, write_task
+from reterm.drills.generate import DrillInstance, instance_name, make_drill, task_files, write_task
 from reterm.drills.model import Drill
 from reterm.recovery.taxonomy import Category
 from reterm.trajectory import write_json_atomic
@@ -134,22 +135,14 @@ def chain_name(stages: int, index: int) -> str:
 
 def stages_done(verifier_output: str | None) -> tuple[int, int] | None:
     """``(stages done, stages)`` from a chain verifier's output (its ``STAGES DONE: j of k`` line; the last one
-    when there are several); ``None`` when the output has no such line (a two-stage or single-stage drill, no
+    when there are several; :func:`reterm.agent.protocol.verifier_progress`); ``None`` when the output has no such line (a two-stage or single-stage drill, no
     verifier output, or output cut before the line).
 
     Raises:
         ValueError: a ``STAGES DONE:`` line that is not ``j of k`` with ``0 <= j <= k`` (quoted).
     """
-    found = None
-    for line in (verifier_output or "").splitlines():
-        line = line.strip()
-        if line.startswith(STAGES_DONE_LINE):
-            parts = line.removeprefix(STAGES_DONE_LINE).split()
-            if len(parts) != 3 or parts[1] != "of" or not (parts[0].isdigit() and parts[2].isdigit()) \
-                    or int(parts[0]) > int(parts[2]):  # fmt: skip
-                raise ValueError(f"verifier output: malformed progress line {line!r} (expected 'STAGES DONE: j of k')")
-            found = (int(parts[0]), int(parts[2]))
-    return found
+    progress = verifier_progress(verifier_output)
+    return None if progress is None else progress[:2]
 
 
 @dataclass(frozen=True)

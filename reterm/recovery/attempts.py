@@ -5,8 +5,8 @@ The authors' protocol (Recovery-Bench, ReTerm-10K's ``target_attempt_index = 2``
 agent submits, or runs out of turns or parse errors); the sandbox's files are snapshotted **before** the
 verifier runs; the verifier then runs in the original sandbox. A failed attempt's snapshot is its failure
 state. A recovery attempt starts from a fork of that snapshot with the whole first attempt in its context and
-one feedback message (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`, versioned; it does not reveal the
-tests) carried by the attempt's last step (``step.extra["feedback"]``, rendered by
+one feedback message (:func:`reterm.agent.protocol.feedback_message`, versioned; it does not reveal the
+tests; a chain drill's adds the parts done and left) carried by the attempt's last step (``step.extra["feedback"]``, rendered by
 :func:`reterm.agent.protocol.step_messages`).
 
 The failure state is one :class:`reterm.recovery.state.State` with ``level=Level.ATTEMPT``,
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.episode import EpisodeSpec, load_task, run_episodes, run_verifier
-from reterm.agent.protocol import FEEDBACK_MESSAGE
+from reterm.agent.protocol import FEEDBACK_MESSAGE, feedback_message
 from reterm.recovery.localise import localise
 from reterm.recovery.materialize import materialize
 from reterm.recovery.state import Level, Localisation, Source, State, history_messages, state_id
@@ -139,7 +139,7 @@ def attempt_end_state(attempt: Attempt, source: str = Source.OWN) -> State:
     traj = attempt.trajectory
     if not attempt.failed:
         raise ValueError(f"task {traj.task_id}: attempt outcome {traj.outcome.value} is not a failure")
-    history = with_feedback(traj.steps)
+    history = with_feedback(traj.steps, feedback_message(traj.metadata.get("verifier_output_tail")))
     primary = localise(traj).primary
     category = primary.category if primary is not None else task_category(attempt.task_dir)
     commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]

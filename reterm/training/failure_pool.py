@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from reterm.agent.atif import from_messages
-from reterm.agent.protocol import FEEDBACK_MESSAGE, initial_messages
+from reterm.agent.protocol import feedback_message, initial_messages, is_feedback
 from reterm.policies.transformers_policy import template_messages
 from reterm.recovery import localise
 from reterm.recovery.attempts import with_feedback
@@ -127,7 +127,7 @@ class PoolState:
             raise ValueError(f"pool state {state_id}: source {source!r} is not one of {SOURCES}")
         state_source = {"online": Source.ONLINE, "task_start": Source.TASK_START}.get(source, failure_source)
         last = prompt[-1] if len(prompt) > 2 else {}
-        level = Level.ATTEMPT if str(last.get("content") or "").strip() == FEEDBACK_MESSAGE else Level.IN_ATTEMPT
+        level = Level.ATTEMPT if is_feedback(str(last.get("content") or "")) else Level.IN_ATTEMPT
         try:
             history = _parse(prompt, task_id).steps
         except ValueError:  # not a layout the harness shows: _check_prompt names it
@@ -279,9 +279,9 @@ def _check_prompt(state: PoolState) -> str | None:
 
 def _attempt_level(state: "PoolState") -> bool:
     """True when ``state`` is an attempt-level failure state: its prompt ends with the feedback message that
-    follows a failed attempt (:data:`reterm.agent.protocol.FEEDBACK_MESSAGE`)."""
+    follows a failed attempt (:func:`reterm.agent.protocol.is_feedback`)."""
 
-    return bool(state.prompt) and (state.prompt[-1].get("content") or "") == FEEDBACK_MESSAGE
+    return bool(state.prompt) and is_feedback(state.prompt[-1].get("content"))
 
 
 def seed_states_from_records(
@@ -385,7 +385,8 @@ def online_states_from_attempt(
 
         if not trajectory.steps:
             return []
-        whole = trajectory.model_copy(update={"steps": with_feedback(trajectory.steps)})
+        feedback = feedback_message(trajectory.metadata.get("verifier_output_tail"))
+        whole = trajectory.model_copy(update={"steps": with_feedback(trajectory.steps, feedback)})
         prompt = template_messages(whole.to_messages())
         category = result.primary.category if result.primary is not None else parent.category
         state = PoolState.from_prompt(state_id(parent.task_id, prompt), parent.task_id, parent.task_dir, prompt,
