@@ -258,12 +258,13 @@ case "$RECIPE:$SIZE" in
     # recovery attempts per model, and every other model's Pass@1 from the start of the same chains, paired by
     # task). Not yet measured at this size: about 3x the turns of the two-stage states it replaces. Left out for time (about 3 min a model;
     # `python -m eval.drills` runs them by default): Recovery@1 from injected states, own Recovery@k.
-    # plus 24 four-stage train chains (docs/DRILLS.md, "Chains"): their whole references and one scripted failed
-    # attempt each recovered from j stages done (the SFT start learns each stage and the resumption)
-    DRILL_SIZE=(--per-family 32 --multistage 48 --chains 4:24)
+    # plus 24 three-stage and 24 four-stage train chains (docs/DRILLS.md, "Chains"): their whole references and
+    # one scripted failed attempt each recovered from j stages done, after the feedback that names the parts left
+    # (the SFT start learns each stage and the resumption)
+    DRILL_SIZE=(--per-family 32 --multistage 48 --chains 3:24 --chains 4:24)
     DATA_SIZE=(--own-tasks 24 --injected-per-family 5 --reference-per-family 16)
-    # the mine stage: the SFT model also attempts 48 multi-stage train drills, the 24 four-stage chains first
-    # (14 turns), then 24 two-stage drills (8 turns): its own failed attempts
+    # the mine stage: the SFT model also attempts 48 multi-stage train drills, the longest first: the 24
+    # four-stage chains (14 turns), then the 24 three-stage ones (11 turns): its own failed attempts
     # there are recovered and kept as records (the CPU GRPO recipe seeds from the injected ones only:
     # seed_failure_sources in grpo.yaml)
     MINE_SIZE=(--own-multistage 48)
@@ -279,8 +280,8 @@ case "$RECIPE:$SIZE" in
     # done often can: 48 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 384
     # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs: assumed discordance 0.4,
     # difference 0.25: n = 7.85 (0.4 - 0.0625) / 0.0625 = 43 paired tasks for 80% power at 95% (two-sided).
-    # Not yet measured; estimated from 48 two-stage drills at 8 turns taking 27 min (docs/EXPERIMENTS.md): about 45
-    # to 60 min. At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the SFT model wrote
+    # Measured on the AVX2-only EPYC (2 cores, fp32): a chunk of 8 chains took 58-70 min in a one-thread worker,
+    # so the 48 chains take about 3 h in 2 workers (docs/EXPERIMENTS.md, "Four-stage chains"). At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the SFT model wrote
     # tool-schema debris on two-part
     # tasks; at 0.7, 729 of 732 turns were valid tool calls)
     MECH_SIZE=(--tasks 48 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
