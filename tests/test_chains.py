@@ -94,9 +94,11 @@ def test_resume_plans_cover_the_chain(k):
 def test_feedback_names_the_parts_left_only_where_the_verifier_reports_progress():
     out = "FAIL: /srv/x does not contain exactly: 42\nSTAGES DONE: 1 of 4\nSTAGES LEFT: part 2 (a-b), part 4 (c)\n"
     assert verifier_progress(out) == (1, 4, (2, 4))
-    fb = feedback_message(out)
-    assert fb == FEEDBACK_MESSAGE + " Parts done: 1 of 4. Still to do: Part 2, Part 4."
-    assert "42" not in fb and "/srv" not in fb  # no check and no expected content
+    instruction = "This task has 4 parts; do all of them, in order.\nPart 1: one.\nPart 2: two `/a`.\nPart 3: three.\n"
+    fb = feedback_message(out, instruction)
+    assert fb == FEEDBACK_MESSAGE + " Parts done: 1 of 4. Still to do:\nPart 2: two `/a`.\nPart 4"  # no line 4: its number
+    assert "42" not in fb and "/srv" not in fb and "a-b" not in fb  # no check, expected content or family
+    assert feedback_message(out) == FEEDBACK_MESSAGE + " Parts done: 1 of 4. Still to do:\nPart 2\nPart 4"
     assert feedback_message("FAIL: x\n") == feedback_message(None) == FEEDBACK_MESSAGE  # e.g. Terminal-Bench
     assert feedback_message("STAGES DONE: 4 of 4\n").endswith("Parts done: 4 of 4.")
     assert is_feedback(fb) and is_feedback(FEEDBACK_MESSAGE) and not is_feedback("wrote /srv/x") and not is_feedback(None)
@@ -155,9 +157,9 @@ def test_chains_in_the_sandbox_oracle_passes_null_fails_and_resumption_passes(tm
         # the recovery's feedback names the parts done and left (the instruction's numbers), nothing of the checks
         for j, a in enumerate(firsts[:k]):
             fb = attempt_end_state(a).history[-1].extra["feedback"]
-            left = ", ".join(f"Part {n}" for n in range(j + 1, k + 1))
-            assert fb == f"{FEEDBACK_MESSAGE} Parts done: {j} of {k}. Still to do: {left}.", fb
-            assert "FAIL" not in fb and "(" not in fb
+            left = [line for line in a.trajectory.instruction.splitlines() if line.startswith("Part ")][j:]
+            assert fb == f"{FEEDBACK_MESSAGE} Parts done: {j} of {k}. Still to do:\n" + "\n".join(left), fb
+            assert "FAIL" not in fb and "STAGES" not in fb
 
 
 @pytest.mark.slow
@@ -188,8 +190,9 @@ def test_sft_data_on_chains_teaches_each_stage_and_the_resumption(tmp_path):
         assert r["messages"][k - 1]["role"] == "tool" and "did not pass" in r["messages"][k - 1]["content"]
         task = next(c.path for c in chains if r["task_id"] == c.name)
         first, teacher, done = resume_plan(stage_parts(task), kind)
-        left = ", ".join(f"Part {n}" for n in range(done + 1, 4))
-        assert r["messages"][k - 1]["content"].endswith(f"Parts done: {done} of 3. Still to do: {left}.")
+        todo = r["messages"][k - 1]["content"].split(f"Parts done: {done} of 3. Still to do:\n")[1].splitlines()
+        assert [line.split(":")[0] for line in todo] == [f"Part {n}" for n in range(done + 1, 4)]
+        assert all(line in r["messages"][1]["content"] for line in todo)  # the instruction's own lines
 
         def calls(msgs):
             return [json.loads(c["function"]["arguments"]).get("command") for m in msgs if m["role"] == "assistant"
@@ -199,3 +202,39 @@ def test_sft_data_on_chains_teaches_each_stage_and_the_resumption(tmp_path):
         assert [c for c in calls(r["messages"][k:]) if c] == teacher  # trained: the rest of the chain
     step_level = {r["injection"] for r in mine if r["target_attempt_index"] == 1 and r["failure_step"] >= 0}
     assert step_level == {k for k in record_kinds(3) if k.endswith("_mistake")}
+
+
+def test_resumption_commands_are_the_parts_the_verifier_reports_left(tmp_path):
+    from reterm.data.drills import resumption_commands
+
+    chain = generate_multistage(tmp_path, 0, 1, stages=3)[0].path
+    parts = stage_parts(chain)
+    out = "FAIL: x\nSTAGES DONE: 1 of 3\nSTAGES LEFT: part 1 (a), part 3 (b)\n"
+    assert resumption_commands(chain, out) == [*parts[0]["solution"], *parts[2]["solution"]]
+    assert resumption_commands(chain, "FAIL: x\n") is None  # no report: the caller's teacher types the reference
+    assert resumption_commands(chain, "STAGES DONE: 3 of 3\n") is None
+    two = generate_multistage(tmp_path / "two", 0, 1, stages=2)[0].path
+    assert resumption_commands(two, out) is None  # two-stage drills report no progress
+
+
+@pytest.mark.slow
+def test_own_failure_on_a_chain_is_recovered_by_doing_the_parts_left(tmp_path):
+    """Local sandbox: a policy's own attempt on a three-stage chain that does parts 3 and 1 (out of order) and
+    submits fails with part 2 left; the data stage's teacher (``resume_left``) types part 2's reference only, after
+    the feedback that names it, and the verifier keeps that record."""
+    from reterm.data.drills import _batch
+    from reterm.policies.scripted import OraclePolicy
+
+    chain = generate_multistage(tmp_path, 0, 1, stages=3)[0].path
+    parts = stage_parts(chain)
+    instr = (chain / "instruction.md").read_text().strip()
+    own = OraclePolicy([(instr, [*parts[2]["solution"], *parts[0]["solution"]])], name="own")
+    entry = asyncio.run(_batch(own, OraclePolicy([chain], name="oracle-teacher"), [chain], "own", turn_budget(3),
+                               teacher_turns=turn_budget(3), resume_left=True))  # fmt: skip
+    (r,) = entry["records"]
+    k = r["train_from_message_index"]
+    part2 = next(line for line in instr.splitlines() if line.startswith("Part 2: "))
+    assert r["messages"][k - 1]["content"].endswith(f"Parts done: 2 of 3. Still to do:\n{part2}")
+    trained = [json.loads(c["function"]["arguments"]).get("command") for m in r["messages"][k:]
+               if m["role"] == "assistant" for c in m.get("tool_calls") or []]  # fmt: skip
+    assert [c for c in trained if c] == parts[1]["solution"] and r["verifier_reward"] == 1.0

@@ -93,17 +93,21 @@ def verifier_progress(verifier_output: str | None) -> tuple[int, int, tuple[int,
     return found
 
 
-def feedback_message(verifier_output: str | None = None) -> str:
+def feedback_message(verifier_output: str | None = None, instruction: str | None = None) -> str:
     """The feedback that starts a recovery attempt after the failed attempt whose verifier printed
     ``verifier_output``: :data:`FEEDBACK_MESSAGE`, and, when that verifier reports its progress
-    (:func:`verifier_progress`; the kit's chain drills), which parts are done and which are left::
+    (:func:`verifier_progress`; the kit's chain drills), which parts are done and which are left, each left part
+    with its own line of ``instruction`` (``Part 4: ...``, as the chain's instruction words it)::
 
-        Your attempt did not pass the task's tests. [...] complete the task. Parts done: 1 of 4. Still to do: Part 2, Part 4.
+        Your attempt did not pass the task's tests. [...] complete the task. Parts done: 3 of 4. Still to do:
+        Part 4: Write the line `yarrow 5500` into the file `/root/ember/backups/2028/manifest.conf`.
 
-    The part numbers are the instruction's own ("Part 2: ..."); the message names no check, file or expected
-    content (the release's protocol shows no test). Tasks without the report (Terminal-Bench, the release's
-    records) get :data:`FEEDBACK_MESSAGE` unchanged. The chain drills' design asks for the parts left to be
-    named after a failed attempt: a recovery that resumes a long task has to know where it is (issue 41).
+    Only the task's own words: no check, file content the tests expect, or verifier output (the release's protocol
+    shows no test). A part whose line the instruction lacks is named by its number. Tasks without the report
+    (Terminal-Bench, the release's records) get :data:`FEEDBACK_MESSAGE` unchanged. Why the parts are restated:
+    on four-stage chains the SFT start (SmolLM2-135M), told only the parts' numbers, mostly re-ran commands of its
+    own history and submitted (docs/EXPERIMENTS.md, "Four-stage chains"); the chains ask for the feedback to name
+    what is left (issue 41).
 
     Raises:
         ValueError: a malformed progress line (:func:`verifier_progress`).
@@ -112,8 +116,14 @@ def feedback_message(verifier_output: str | None = None) -> str:
     if progress is None:
         return FEEDBACK_MESSAGE
     done, total, left = progress
-    todo = f" Still to do: {', '.join(f'Part {n}' for n in left)}." if left else ""
-    return f"{FEEDBACK_MESSAGE} Parts done: {done} of {total}.{todo}"
+    if not left:
+        return f"{FEEDBACK_MESSAGE} Parts done: {done} of {total}."
+    lines = {int(m.group(1)): m.group(0).strip() for m in _PART_LINE_RE.finditer(instruction or "")}
+    todo = "\n".join(lines.get(n, f"Part {n}") for n in left)
+    return f"{FEEDBACK_MESSAGE} Parts done: {done} of {total}. Still to do:\n{todo}"
+
+
+_PART_LINE_RE = re.compile(r"^Part (\d+): .*$", re.MULTILINE)
 
 
 def is_feedback(text: str | None) -> bool:

@@ -14,8 +14,8 @@ the failed attempt, the feedback, then the second attempt) and a step-level one 
 one attempt that makes the mistake, reads its error and recovers; trained from the first recovery turn, so the
 mistake and its error are context only; see :func:`_in_attempt_records`). No record's trained turns contain
 the turn the record marks as its mistake (``failure_step``). From each failure state the teacher (offline and scripted: after an injected mistake the drill's verified
-recovery commands, after the policy's own attempt the reference solution, typed from the state the failed
-attempt left behind) makes a recovery attempt after the feedback message; the task's
+recovery commands, after the policy's own attempt the reference solution, on a chain the reference of the
+parts its verifier reports left (:func:`resumption_commands`), typed from the state the failed attempt left behind) makes a recovery attempt after the feedback message; the task's
 verifier keeps the ones that pass. Records carry the release's six columns first
 (:func:`reterm.records.release_columns`), then the kit's metadata. Records of a few train instances form the
 ``test`` split (SFT's held-out likelihood check); the drills' own ``test``/``test_ood`` instances are never
@@ -49,7 +49,7 @@ from typing import Any
 
 from reterm import workers as workers_mod
 from reterm.agent.episode import load_task
-from reterm.agent.protocol import PROMPT_VERSION
+from reterm.agent.protocol import PROMPT_VERSION, initial_messages, verifier_progress
 from reterm.data.layout import write_dataset_folder
 from reterm.drills.families import FAMILIES
 from reterm.drills.generate import recovery_commands, stage_parts
@@ -178,20 +178,48 @@ def _record(state: State, traj: Trajectory, *, failure_step: int, failed: Step |
     return row
 
 
+def resumption_commands(task_dir: Path, verifier_output: str | None) -> list[str] | None:
+    """The teacher's commands after a policy's own failed attempt on a chain: the reference solutions of the parts
+    its verifier reports left (:func:`reterm.agent.protocol.verifier_progress`), in the instruction's order: what
+    the feedback names (:func:`reterm.agent.protocol.feedback_message`), so a record trains the recovery to do the
+    parts left and nothing else. ``None`` when the task is not a chain (fewer than 3 stages), its verifier reported
+    no progress, or no part is left (the caller's teacher types the whole reference then). A part the attempt
+    left half done is redone from its reference; the verifier keeps only the recoveries that pass."""
+    parts = stage_parts(task_dir)
+    progress = verifier_progress(verifier_output) if len(parts) >= 3 else None
+    if progress is None or not progress[2]:
+        return None
+    return [c for n in progress[2] if 1 <= n <= len(parts) for c in parts[n - 1]["solution"]]
+
+
+def _resuming_teacher(teacher: Any, failed: list[Attempt]) -> Any:
+    """``teacher``, except that on a chain each failed attempt's recovery types :func:`resumption_commands`."""
+    pairs = []
+    for a in failed:
+        instruction = load_task(a.task_dir).instruction
+        left = resumption_commands(a.task_dir, a.trajectory.metadata.get("verifier_output_tail"))
+        pairs.append((instruction, left if left is not None else teacher.steps_for(initial_messages(instruction))))
+    return OraclePolicy(pairs, name=teacher.name) if pairs else teacher
+
+
 async def _batch(policy: Any, teacher: Any, dirs: list[Path], source: str, max_turns: int,
                  label: str | None = None, *, injection: str | None = None, category: str | None = None,
-                 in_attempt: bool | None = None, teacher_turns: int = 8) -> dict[str, Any]:  # fmt: skip
+                 in_attempt: bool | None = None, teacher_turns: int = 8, resume_left: bool = False) -> dict[str, Any]:  # fmt: skip
     """First attempts on ``dirs``, then one teacher recovery from each failed one. Returns the journal entry.
 
     ``injection`` names a scripted first attempt other than the drill's first mistake (the ``injection`` column);
     ``category`` overrides every failure state's category (a scripted failure whose kind is known);
     ``in_attempt`` adds the step-level records of :func:`_in_attempt_records` (default: for injected sources);
-    ``teacher_turns`` caps each recovery attempt (a chain's resumption has more to do than one hurdle)."""
+    ``teacher_turns`` caps each recovery attempt (a chain's resumption has more to do than one hurdle);
+    ``resume_left``: ``teacher`` is an :class:`OraclePolicy` of the tasks, and on a chain the recovery types only
+    the parts left (:func:`resumption_commands`; a policy's own attempts on chains)."""
     firsts = await run_attempts(policy, dirs, max_turns=max_turns, keep_failed_snapshots=True)
     failed = [a for a in firsts if a.failed]
     entry: dict[str, Any] = {"tasks": [d.name for d in dirs], "source": source,
                              "outcomes": Counter(a.trajectory.outcome.value for a in firsts), "records": []}
     try:
+        if resume_left:
+            teacher = _resuming_teacher(teacher, failed)
         states = [attempt_end_state(a) for a in failed]
         for a, st in zip(failed, states):
             st.category = category or evidence_label(a, st.category, st.localisation.source == "localiser", source)
@@ -491,7 +519,7 @@ def build(tasks: Path, output: Path, *, policies: list[str] | tuple[str, ...] = 
                     loaded[key] = load_policy(spec, temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, seed=0)
                 budget = max(turn_budget(len(stage_parts(d))) for d in chunk)  # 8 for two stages, more for chains
                 return _batch(loaded[key], own_teacher, chunk, "own", max(max_turns, OWN_MULTISTAGE_TURNS, budget),
-                              policy_label(spec), teacher_turns=max(8, budget))  # fmt: skip
+                              policy_label(spec), teacher_turns=max(8, budget), resume_left=True)  # fmt: skip
             work.append((f"own-multi:{spec}", own_multi, batch, run_own_multi))
     tag = f"worker {worker[0]}/{worker[1]}: " if worker else ""
     claims = workers_mod.Claims(journal_path.parent / "claims") if worker else None

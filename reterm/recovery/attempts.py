@@ -139,7 +139,7 @@ def attempt_end_state(attempt: Attempt, source: str = Source.OWN) -> State:
     traj = attempt.trajectory
     if not attempt.failed:
         raise ValueError(f"task {traj.task_id}: attempt outcome {traj.outcome.value} is not a failure")
-    history = with_feedback(traj.steps, feedback_message(traj.metadata.get("verifier_output_tail")))
+    history = with_feedback(traj.steps, feedback_message(traj.metadata.get("verifier_output_tail"), traj.instruction))
     primary = localise(traj).primary
     category = primary.category if primary is not None else task_category(attempt.task_dir)
     commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]

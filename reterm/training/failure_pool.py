@@ -385,7 +385,7 @@ def online_states_from_attempt(
 
         if not trajectory.steps:
             return []
-        feedback = feedback_message(trajectory.metadata.get("verifier_output_tail"))
+        feedback = feedback_message(trajectory.metadata.get("verifier_output_tail"), trajectory.instruction)
         whole = trajectory.model_copy(update={"steps": with_feedback(trajectory.steps, feedback)})
         prompt = template_messages(whole.to_messages())
         category = result.primary.category if result.primary is not None else parent.category
