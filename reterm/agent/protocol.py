@@ -68,7 +68,8 @@ STAGES_DONE_LINE = "STAGES DONE: "
 ``STAGES DONE: <j> of <k>`` (``j`` of its ``k`` parts pass every check)..."""
 STAGES_LEFT_LINE = "STAGES LEFT: "
 """...and, unless every part is done, ``STAGES LEFT: part 2 (<family>), part 3 (<family>)``."""
-_PART_RE = re.compile(r"\bpart (\d+)\b")
+_PART_RE = re.compile(r"\bpart (\d+)\b")  # a part named in the STAGES LEFT line
+_PART_LINE_RE = re.compile(r"^Part (\d+): .*$", re.MULTILINE)  # a part's line in a chain's instruction
 
 
 def verifier_progress(verifier_output: str | None) -> tuple[int, int, tuple[int, ...]] | None:
@@ -121,9 +122,6 @@ def feedback_message(verifier_output: str | None = None, instruction: str | None
     lines = {int(m.group(1)): m.group(0).strip() for m in _PART_LINE_RE.finditer(instruction or "")}
     todo = "\n".join(lines.get(n, f"Part {n}") for n in left)
     return f"{FEEDBACK_MESSAGE} Parts done: {done} of {total}. Still to do:\n{todo}"
-
-
-_PART_LINE_RE = re.compile(r"^Part (\d+): .*$", re.MULTILINE)
 
 
 def is_feedback(text: str | None) -> bool:
