@@ -229,3 +229,20 @@ def test_atomic_output_replaces_files_and_folders_only_on_success(tmp_path):
         (tmp / "config.json").write_text("half")
         raise RuntimeError("killed")
     assert (d / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["a", "model"]
+
+
+def test_context_steps_keeps_the_last_steps_and_the_feedback():
+    """``attempt_end_state(..., context_steps=K)``: the history is the attempt's last K steps, the last one carrying
+    the feedback; its messages, id and replay commands are those of that shorter prefix (rebuilt from the
+    snapshot only); K below 1 is refused."""
+    first = _failed_attempt()
+    whole = attempt_end_state(Attempt(TASK_DIR, first))
+    last = attempt_end_state(Attempt(TASK_DIR, first), context_steps=1)
+    assert [s.model_text for s in last.history] == [first.steps[-1].model_text]
+    assert last.history[-1].extra["feedback"] == whole.history[-1].extra["feedback"]
+    assert last.replay_commands == [] and whole.replay_commands == ["echo hello > /app/out/hello.txt"]
+    assert last.id != whole.id and len(last.messages) < len(whole.messages)
+    assert last.messages[:2] == whole.messages[:2]  # system prompt and instruction
+    assert attempt_end_state(Attempt(TASK_DIR, first), context_steps=5).id == whole.id
+    with pytest.raises(ValueError, match="context_steps"):
+        attempt_end_state(Attempt(TASK_DIR, first), context_steps=0)

@@ -169,9 +169,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -> tuple[list[dict], list[str]]:
+async def run_chunk(policy: Any, tasks: list[Any], group_size: int, *, context_steps: int | None = None,
+                    **kw: Any) -> tuple[list[dict], list[str]]:  # fmt: skip
     """Both arms on a few tasks: G start attempts each, then G recovery attempts from each task's failed start
-    attempt with the most progress (:func:`most_progress`). Returns ``(groups.jsonl rows, attempts.jsonl lines)``."""
+    attempt with the most progress (:func:`most_progress`), that attempt's last ``context_steps`` steps in their
+    context (``None``: all; :func:`reterm.recovery.attempts.attempt_end_state`). Returns ``(groups.jsonl rows,
+    attempts.jsonl lines)``."""
 
     g = group_size
     dirs = [t.path for t in tasks for _ in range(g)]
@@ -185,7 +188,7 @@ async def run_chunk(policy: Any, tasks: list[Any], group_size: int, **kw: Any) -
         failed = chain_most_progress(group)
         release([a for a in group if a is not failed])
         if failed is not None:
-            st = attempt_end_state(failed)
+            st = attempt_end_state(failed, context_steps=context_steps)
             row["failure_state"] = {"state_id": st.id, "category": st.category,
                                     "from_attempt": [a is failed for a in group].index(True),
                                     "failed_checks": failed_checks(failed), "stages_done": _done(failed)}  # fmt: skip
@@ -327,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turns", type=int, default=8, help="turns an attempt gets (at least the chain's "
                    "reterm.drills.multistage.turn_budget: 8 for 2 stages, 11 for 3, 14 for 4)")
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--context-steps", type=int, default=None, metavar="K",
+                   help="a recovery attempt sees only the failed attempt's last K steps (default: the whole attempt, "
+                        "the release's protocol)")
     p.add_argument("--batch", type=int, default=32, help="attempts generated together (a multiple of G is best)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes that run the chunks of tasks side by side, each with cpus/N threads, taking the "
@@ -369,8 +375,8 @@ def run_chunks(a: argparse.Namespace, tasks: list[Any], max_turns: int, *, worke
         if policy is None:
             policy = load_policy(a.model, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed)
         workers_mod.reseed(a.seed, k)
-        rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, max_turns=max_turns,
-                                            max_consecutive_parse_errors=2))  # fmt: skip
+        rows, lines = asyncio.run(run_chunk(policy, chunk, a.group_size, context_steps=a.context_steps,
+                                            max_turns=max_turns, max_consecutive_parse_errors=2))  # fmt: skip
         workers_mod.append_lines(a.output / "attempts.jsonl", lines)
         workers_mod.append_lines(journal, [json.dumps(r) for r in rows])
         _say(f"  {tag}{len(read_rows(journal))}/{len(tasks)} tasks done, {time.monotonic() - t0:.0f}s")
@@ -382,8 +388,9 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
     apply_thread_policy()  # before a policy loads torch (reterm.generation)
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    if a.group_size < 2 or a.tasks < 1 or a.stages < 2:
-        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2", file=sys.stderr)
+    if a.group_size < 2 or a.tasks < 1 or a.stages < 2 or (a.context_steps is not None and a.context_steps < 1):
+        print("eval.mechanism: --group-size must be >= 2, --tasks >= 1, --stages >= 2, --context-steps >= 1",
+              file=sys.stderr)  # fmt: skip
         return 2
     try:
         a.workers, worker = workers_mod.resolve_workers(a.workers, a.worker)
@@ -441,7 +448,7 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
                      "tasks": f"{a.drills.name}/{a.split} (single-stage)" if a.drills else
                      "multi-stage drills" if a.stages == 2 else f"chains of {a.stages} stages",
                      "max_turns": max_turns, "max_new_tokens": a.max_new_tokens, "stages": a.stages,
-                     "seed": a.seed, "families": list(families)}  # fmt: skip
+                     "seed": a.seed, "families": list(families), "context_steps": a.context_steps}  # fmt: skip
     m["power_plan"] = plan
     m["wall_s"] = round(time.monotonic() - t0, 1)
     m["workers"] = max(1, workers)  # processes that generated in this invocation

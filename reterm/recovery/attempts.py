@@ -118,11 +118,12 @@ def with_feedback(steps: Sequence[Step], feedback: str = FEEDBACK_MESSAGE) -> li
     return out
 
 
-def attempt_end_state(attempt: Attempt, source: str = Source.OWN) -> State:
+def attempt_end_state(attempt: Attempt, source: str = Source.OWN, *, context_steps: int | None = None) -> State:
     """The attempt-level :class:`State` of a failed attempt (``level=Level.ATTEMPT``).
 
-    Its history is the whole attempt with the feedback message on the last step, shown after the attempt's
-    system prompt and instruction (so its id is the one the dataset, the GRPO pool and the eval give it);
+    Its history is the whole attempt (or its last ``context_steps`` steps) with the feedback message on the last
+    step, shown after the attempt's system prompt and instruction (so its id is the one the dataset, the GRPO pool
+    and the eval give it);
     ``step`` is the last step's index; ``category``, ``command``, ``output``, ``exit_status`` and ``evidence``
     are those of the attempt's first consequential failing step (:func:`reterm.recovery.localise.localise`),
     else the task's declared category and the last step's. :attr:`State.localisation` holds the label's
@@ -132,14 +133,23 @@ def attempt_end_state(attempt: Attempt, source: str = Source.OWN) -> State:
     Args:
         attempt: a failed attempt.
         source: the state's :class:`reterm.recovery.state.Source` (``own``; ``injected`` for a scripted mistake).
+        context_steps: keep only the attempt's last ``context_steps`` steps in the history (``None``: all). The
+            sandbox state is the whole attempt's either way (its snapshot), but ``replay_commands`` are the kept
+            steps' commands (the prefix's, as every record's), so such a state is rebuilt from its snapshot only.
+            An ablation of the release's protocol (the whole first attempt in context): a small model re-types
+            its own history's commands instead of doing what the feedback says is left.
 
     Raises:
-        ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step.
+        ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step, or
+            ``context_steps`` is below 1.
     """
     traj = attempt.trajectory
     if not attempt.failed:
         raise ValueError(f"task {traj.task_id}: attempt outcome {traj.outcome.value} is not a failure")
-    history = with_feedback(traj.steps, feedback_message(traj.metadata.get("verifier_output_tail"), traj.instruction))
+    if context_steps is not None and context_steps < 1:
+        raise ValueError(f"context_steps must be at least 1 (the step that carries the feedback), got {context_steps}")
+    kept = traj.steps if context_steps is None else traj.steps[-context_steps:]
+    history = with_feedback(kept, feedback_message(traj.metadata.get("verifier_output_tail"), traj.instruction))
     primary = localise(traj).primary
     category = primary.category if primary is not None else task_category(attempt.task_dir)
     commands = [s.action.command or "" for s in history if s.action is not None and s.action.tool == "bash"]
