@@ -277,15 +277,16 @@ case "$RECIPE:$SIZE" in
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
                --multistage-states 150 --chain-stages 4 --workers 2)
     # the mechanism, on held-out four-stage chains, where a fresh attempt rarely finishes and a state with stages
-    # done often can: 48 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 384
-    # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs: assumed discordance 0.4,
-    # difference 0.25: n = 7.85 (0.4 - 0.0625) / 0.0625 = 43 paired tasks for 80% power at 95% (two-sided).
-    # Measured on the AVX2-only EPYC (2 cores, fp32): a chunk of 8 chains took 58-70 min in a one-thread worker,
-    # so the 48 chains take about 3 h in 2 workers (docs/EXPERIMENTS.md, "Four-stage chains"). At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the SFT model wrote
-    # tool-schema debris on two-part
-    # tasks; at 0.7, 729 of 732 turns were valid tool calls)
-    MECH_SIZE=(--tasks 48 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
-               --planned-delta 0.25 --assumed-discordance 0.4)
+    # done often can: 56 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 448
+    # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs, from four 8-chain runs at
+    # the 135M size (0 of 32 start groups and 4 of 32 failure-state groups with signal: discordance 0.125, expected
+    # difference 0.125; docs/EXPERIMENTS.md, "a short recovery context, and three-stage chains"):
+    # n = 7.85 (0.125 - 0.0156) / 0.0156 = 55 paired chains for 80% power at 95% (two-sided). Chunks of 2 chains
+    # (--batch 8): on the AVX2-only EPYC (2 cores, fp32) 8 chains took 17 min in 2 workers, so the 56 about 2 h;
+    # a kill loses one small chunk. At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the
+    # SFT model wrote tool-schema debris on two-part tasks; at 0.7, 729 of 732 turns were valid tool calls)
+    MECH_SIZE=(--tasks 56 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
+               --batch 8 --planned-delta 0.125 --assumed-discordance 0.125)
     ;;
 esac
 case "$SIZE" in
