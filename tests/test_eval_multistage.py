@@ -149,3 +149,45 @@ def test_kept_states_let_a_later_run_add_a_model(tmp_path, monkeypatch):
     d = json.loads((out / "results.json").read_text())["differences"]["sft - grpo-reterm"]
     assert d["recovery_at_1/multistage_own"]["n"] == 2 and d["recovery_at_1/multistage_own"]["diff"] == -1.0
     assert eval_drills.main([*both, "--pair", "sft:standard"]) == 2  # a name that was not evaluated
+
+
+def test_a_state_build_killed_midway_resumes_from_its_journal(tmp_path, monkeypatch):
+    """Building the own multi-stage failure states journals its attempts: killed after its first batch, a re-run
+    attempts only the rest, reuses the kept snapshots of the journaled failures, and gives the same items."""
+    import asyncio
+
+    fams = ("mkdir-parent", "exec-bit", "off-by-one")
+    ms = generate_multistage(tmp_path / "ms", eval_drills.MULTISTAGE_SEED, 6, families=fams)
+    part1 = {load_task(t.path).instruction.strip(): stage_parts(t.path)[0]["solution"] for t in ms}
+    real = eval_drills.run_attempts
+    calls: list[int] = []
+
+    async def counted(policy, dirs, **kw):
+        if len(calls) == 1 and kill:
+            raise KeyboardInterrupt
+        calls.append(len(dirs))
+        return await real(policy, dirs, **kw)
+
+    monkeypatch.setattr(eval_drills, "run_attempts", counted)
+
+    def build(folder):
+        return asyncio.run(eval_drills.build_multistage_states(
+            _stage_policy(part1, "part1"), "sft", folder, 4, families=fams, batch=2, journal_tag="part1|96",
+            max_turns=8))  # fmt: skip
+
+    kill = False
+    whole = build(tmp_path / "whole")
+    assert whole["n_states"] == 4 and sum(calls) == whole["n_tasks"]
+    kill, calls[:] = True, []
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "resumed")
+    journal = [json.loads(x) for x in (tmp_path / "resumed" / eval_drills.START_JOURNAL).read_text().splitlines()]
+    assert len(journal) == 2 and all(row["snapshot"] for row in journal)  # two failed attempts, snapshots kept
+    kill, calls[:] = False, []
+    again = build(tmp_path / "resumed")
+    assert sum(calls) == whole["n_tasks"] - 2
+    assert [(i["task"], i["stages_done"]) for i in again["items"]] == [(i["task"], i["stages_done"]) for i in whole["items"]]
+    assert {i["snapshot"] for i in again["items"]} >= {row["snapshot"] for row in journal}
+    for data, folder in ((whole, tmp_path / "whole"), (again, tmp_path / "resumed")):
+        assert not any(Snapshot.load(i["snapshot"]).released for i in data["items"])
+        eval_drills.release_multistage(folder)

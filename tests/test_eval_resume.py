@@ -1,5 +1,6 @@
 """An evaluation interrupted inside a model resumes from that model's journal (``eval.drills``): attempts
-already scored are not attempted again, and the numbers equal those of an uninterrupted run."""
+already scored are not attempted again (a failed one only while its snapshot is kept), and the numbers equal
+those of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from reterm.agent.episode import load_task
 from reterm.drills import generate_drills
 from reterm.eval import drills as eval_drills
 from reterm.policies.scripted import OraclePolicy, ScriptedPolicy, _first_user_text
+from reterm.sandbox.snapshot import Snapshot
 
 
 def _half_oracle(tasks, names):
@@ -60,26 +62,31 @@ def test_an_interrupted_model_resumes_from_its_journal(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return await counted(policy, dirs, **kw)
 
-    out = tmp_path / "resumed"
-    monkeypatch.setattr(eval_drills, "run_attempts", killed)
-    with pytest.raises(KeyboardInterrupt):
-        eval_drills.main(argv(out))
-    journal = [json.loads(x) for x in (out / "sft" / eval_drills.JOURNAL).read_text().splitlines()]
-    assert len(journal) == 4 and not (out / "sft" / "metrics.json").exists()
-    passed_before = sum(row["trajectory"]["outcome"] == "success" for row in journal)
-    assert passed_before == 2
+    for kept, out in ((True, tmp_path / "resumed"), (False, tmp_path / "resumed-released")):
+        calls.clear()
+        monkeypatch.setattr(eval_drills, "run_attempts", killed)
+        with pytest.raises(KeyboardInterrupt):
+            eval_drills.main(argv(out))
+        journal = [json.loads(x) for x in (out / "sft" / eval_drills.JOURNAL).read_text().splitlines()]
+        assert len(journal) == 4 and not (out / "sft" / "metrics.json").exists()
+        assert sum(row["trajectory"]["outcome"] == "success" for row in journal) == 2
+        failed = [row["snapshot"] for row in journal if row["trajectory"]["outcome"] == "failure"]
+        assert len(failed) == 2 and all(failed)  # the failed attempts' kept snapshots, by id
+        if not kept:  # their snapshots gone (released, or deleted with the cache)
+            for snap in failed:
+                Snapshot.load(snap).release()
 
-    calls.clear()
-    monkeypatch.setattr(eval_drills, "run_attempts", counted)
-    assert eval_drills.main(argv(out)) == 0
-    # Pass@1: the 2 journaled passes are reused; the 2 journaled failures (their snapshots are gone) and the 2
-    # attempts never made are attempted: 4 of 6
-    assert [n for name, n in calls if name == "half"][:2] == [2, 2]
-    assert sum(n for name, n in calls if name == "half") == attempted_whole - 2
-    assert json.loads((out / "sft" / "per_item.json").read_text()) == whole
-    assert json.loads((out / "sft" / "metrics.json").read_text())["pass_at_1"] == \
-        json.loads((tmp_path / "whole" / "sft" / "metrics.json").read_text())["pass_at_1"]
-    assert not (out / "sft" / eval_drills.JOURNAL).exists()
+        calls.clear()
+        monkeypatch.setattr(eval_drills, "run_attempts", counted)
+        assert eval_drills.main(argv(out)) == 0
+        # Pass@1: the 2 journaled passes are reused, and the 2 journaled failures while their snapshots are kept
+        # (a later step forks them); released, those 2 are attempted again, with the 2 attempts never made
+        assert [n for name, n in calls if name == "half"][0] == 2  # Pass@1's attempts left, one batch of 2
+        assert sum(n for name, n in calls if name == "half") == attempted_whole - (4 if kept else 2)
+        assert json.loads((out / "sft" / "per_item.json").read_text()) == whole
+        assert json.loads((out / "sft" / "metrics.json").read_text())["pass_at_1"] == \
+            json.loads((tmp_path / "whole" / "sft" / "metrics.json").read_text())["pass_at_1"]
+        assert not (out / "sft" / eval_drills.JOURNAL).exists()
 
 
 def test_a_journal_line_cut_by_a_kill_is_skipped(tmp_path):

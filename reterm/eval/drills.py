@@ -27,8 +27,9 @@ on the same items is a paired bootstrap interval. Infrastructure faults are coun
 denominators; a sandbox fault that followed the attempt's own command is the agent's failure
 (:func:`agent_broke_sandbox`), so breaking the sandbox cannot hide one. Results: ``DIR/results.json``, ``DIR/report.md`` and ``DIR/rates.png``; each model's attempts in
 ``DIR/<model>/attempts.jsonl``. A re-run skips models whose ``DIR/<model>/metrics.json`` exists, and a model
-interrupted midway resumes from its journal (``DIR/<model>/journal.jsonl``: its scored attempts so far; the
-failed ones whose snapshots a later step forks are attempted again).
+interrupted midway resumes from its journal (``DIR/<model>/journal.jsonl``: its scored attempts so far; a
+failed one whose snapshot a later step forks is reused while that snapshot is kept, else attempted again), and so
+does the building of the multi-stage failure states (``DIR/multistage/start_journal.jsonl``).
 
 ``--workers N`` evaluates N models at a time, each in its own process (:func:`run_workers`): the multi-stage
 failure states are built first, in this process, and every worker recovers from those same states.
@@ -94,18 +95,36 @@ JOURNAL = "journal.jsonl"
 attempt, appended and flushed after each batch; removed once the model's ``metrics.json`` is written."""
 
 
+START_JOURNAL = "start_journal.jsonl"
+"""The state model's attempts from the held-out multi-stage drills' start while their failure states are built
+(``DIR/multistage/start_journal.jsonl``, :func:`build_multistage_states`): the journal of :func:`_attempts`."""
+
+
 def _read_journal(path: Path | None) -> dict[str, dict[str, Any]]:
-    """The journal's trajectories by key (``{}`` without one); a last line cut by a kill is skipped."""
+    """The journal's rows by key (``{}`` without one): ``{"key", "trajectory", "snapshot"}`` (``snapshot``: the id
+    of a failed attempt's kept snapshot, absent in older journals); a last line cut by a kill is skipped."""
     if path is None or not path.is_file():
         return {}
     done: dict[str, dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
-            done[row["key"]] = row["trajectory"]
+            if isinstance(row["trajectory"], dict):
+                done[row["key"]] = row
         except (ValueError, KeyError, TypeError):
             continue
     return done
+
+
+def _kept_snapshot(snapshot_id: Any) -> Snapshot | None:
+    """The snapshot ``snapshot_id`` when it is still on disk and not released, else ``None``."""
+    if not isinstance(snapshot_id, str) or not snapshot_id:
+        return None
+    try:
+        snap = Snapshot.load(snapshot_id)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return None if snap.released else snap
 
 
 async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, states: list[Any] | None = None,
@@ -114,10 +133,12 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
     """:func:`run_attempts` over ``dirs`` (with their ``states``/``snapshots``) ``batch`` at a time.
 
     With ``journal`` (a JSONL file), every scored attempt is appended to it after its batch, keyed by
-    ``journal_tag`` (the model and the caps), ``label``, its index, task and state id; a re-run with the same
-    file reuses the journaled attempts instead of attempting them again, except failed ones when
-    ``keep_failed_snapshots`` is asked (their snapshots, the failure states a later step forks, ended with the
-    interrupted process), which are attempted again. Infrastructure faults are never journaled (retried).
+    ``journal_tag`` (the model and the caps), ``label``, its index, task and state id, with the id of its kept
+    snapshot when ``keep_failed_snapshots`` kept one; a re-run with the same file reuses the journaled attempts
+    instead of attempting them again. A failed one, when ``keep_failed_snapshots`` is asked, is reused with its
+    snapshot (the failure state a later step forks) only while that snapshot is on disk and not released (a
+    killed process leaves its snapshots there), else attempted again. Infrastructure faults are never journaled
+    (retried).
     """
     keys = [f"{journal_tag}|{label}|{i}|{d.name}|{getattr(states[i], 'id', '') if states is not None else ''}"
             for i, d in enumerate(dirs)]  # fmt: skip
@@ -125,9 +146,11 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
     out: dict[int, Attempt] = {}
     for i, key in enumerate(keys):
         if key in done:
-            traj = Trajectory.model_validate(done[key])
+            traj = Trajectory.model_validate(done[key]["trajectory"])
             if not (kw.get("keep_failed_snapshots") and traj.outcome is Outcome.FAILURE):
                 out[i] = Attempt(dirs[i], traj)
+            elif (snap := _kept_snapshot(done[key].get("snapshot"))) is not None:
+                out[i] = Attempt(dirs[i], traj, snap)
     todo = [i for i in range(len(dirs)) if i not in out]
     if out:
         _say(f"  {label}: {len(out)}/{len(dirs)} attempts from the journal, {len(todo)} to run")
@@ -139,7 +162,8 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
                                  snapshots=[snapshots[i] for i in idx] if snapshots is not None else None, **kw)  # fmt: skip
         out.update(zip(idx, _blame(got)))
         if journal is not None:
-            rows = [json.dumps({"key": keys[i], "trajectory": a.trajectory.model_dump(mode="json")})
+            rows = [json.dumps({"key": keys[i], "trajectory": a.trajectory.model_dump(mode="json"),
+                                "snapshot": a.snapshot.id if a.snapshot is not None else None})
                     for i, a in zip(idx, got) if _scored(a)]  # fmt: skip
             with open(journal, "a") as fh:
                 fh.write("".join(r + "\n" for r in rows))
@@ -296,7 +320,7 @@ def release_multistage(folder: Path) -> None:
 
 
 async def build_multistage_states(policy: Any, state_model: str, folder: Path, n: int, *, families: tuple[str, ...],
-                                  batch: int, max_tasks: int | None = None, stages: int = 2,
+                                  batch: int, max_tasks: int | None = None, stages: int = 2, journal_tag: str = "",
                                   **kw: Any) -> dict[str, Any]:  # fmt: skip
     """The items of Recovery@1 from own multi-stage failure states: ``policy`` (the model named ``state_model``)
     makes one attempt from the start of each held-out drill of ``stages`` stages (two-stage drills
@@ -310,6 +334,10 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
     infrastructure fault), ``infra_faults``, ``stages_done`` (failure states per stages done, chains only),
     ``items``: ``{"task", "state", "snapshot", "stages_done"}``), and returns the latter. The items' snapshots are
     kept (:func:`release_multistage`). ``kw``: :func:`reterm.recovery.attempts.run_attempts`'s caps.
+
+    The attempts are journaled in ``folder/start_journal.jsonl`` under ``journal_tag`` (the model's spec and the
+    caps) as they finish (:func:`_attempts`): a build killed midway resumes from its last batch, reusing the failed
+    attempts whose snapshots are still kept.
 
     Raises:
         ValueError: fewer stage ``families`` than ``stages`` (named).
@@ -337,7 +365,8 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
             tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families,
                                         stages=stages)[tried:]  # fmt: skip
             atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} {what} from start",
-                                   keep_failed_snapshots=True, **kw)  # fmt: skip
+                                   keep_failed_snapshots=True, journal=folder / START_JOURNAL,
+                                   journal_tag=f"{journal_tag}|{MULTISTAGE_SEED}|{stages}", **kw)  # fmt: skip
             tried += len(tasks)
             for a in atts:
                 lines.append(json.dumps({"kind": "multistage_start", **a.trajectory.model_dump(mode="json")}))
@@ -815,7 +844,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"{models[state_model]}")
             policy = load_policy(models[state_model], **policy_defaults(models[state_model],
                                                                           max_new_tokens=a.max_new_tokens), seed=0)
-            ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states, **ms_kw))
+            ms_data = asyncio.run(build_multistage_states(
+                policy, state_model, ms_dir, a.multistage_states,
+                journal_tag=f"{models[state_model]}|{a.max_new_tokens}", **ms_kw))
             del policy
             gc.collect()
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
@@ -833,8 +864,9 @@ def main(argv: list[str] | None = None) -> int:
             policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
             unwinnable = _unwinnable_items(policy, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
             if need_ms and ms_data is None:  # name is the state model
-                ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states,
-                                                              **ms_kw))  # fmt: skip
+                ms_data = asyncio.run(build_multistage_states(
+                    policy, state_model, ms_dir, a.multistage_states,
+                    journal_tag=f"{models[state_model]}|{a.max_new_tokens}", **ms_kw))
             m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
                                            k_max=a.k_max, journal_tag=f"{models[name]}|{a.max_turns}|{a.max_new_tokens}",
