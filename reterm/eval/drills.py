@@ -325,7 +325,9 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
     """The items of Recovery@1 from own multi-stage failure states: ``policy`` (the model named ``state_model``)
     makes one attempt from the start of each held-out drill of ``stages`` stages (two-stage drills
     ``multi-000``, ..., or chains ``chain<K>-000``, ...), in order, until ``n`` attempts failed (scored, at least
-    one step) or ``max_tasks`` (default ``4 n``) were tried; tasks are written in chunks (``1.3 n`` first). The
+    one step) or ``max_tasks`` (default ``4 n``) were tried; tasks are written in chunks (``1.1 n`` first, then 1.1 times
+    what is missing over the failure share so far: every task attempted here is an item of every model's Pass@1 from
+    the start, so the set stays just above ``n``; chains nearly always fail from the start). The
     failure state of a task is its failed attempt chosen by
     :func:`reterm.eval.failure_choice.chain_most_progress` (the mechanism's rule: the most stages done; with
     greedy decoding a task has one attempt). Writes ``folder/tasks``, ``folder/start_attempts.jsonl`` and
@@ -360,7 +362,7 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
         while len(kept) < n and tried < cap:
             need = n - len(kept)
             fail_share = (len(scored) - sum(scored)) / len(scored) if scored else 1.0
-            more = -(-13 * need // 10) if not scored else int(1.3 * need / max(fail_share, 0.2)) + 1
+            more = -(-11 * need // 10) if not scored else int(1.1 * need / max(fail_share, 0.2)) + 1
             chunk = min(cap - tried, more)
             tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families,
                                         stages=stages)[tried:]  # fmt: skip
