@@ -472,6 +472,9 @@ class Box:
     def _start(self, timeout: float) -> None:
         spec = self.spec
         self.mnt.mkdir(parents=True)
+        # the owner is on record from the start: admission can wait for the host budget, and a run folder without
+        # state.json reads as a crashed start to this process's own checks while another process's sandbox waits
+        self._write_state()
         self.cgroups = open_cgroups(f"reterm-{os.getpid()}-{self.id}")
         if self.cgroups is not None:
             self.pids_max = self._admit()
