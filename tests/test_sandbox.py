@@ -347,6 +347,25 @@ def test_owner_killed_leaves_only_folders_and_sweep_removes_them():
     assert_box_cleaned(box_id, cgroups, rundir)
 
 
+def test_sweep_skips_a_sandbox_that_stops_while_it_looks(monkeypatch):
+    """A run folder listed, then removed by its owner before the sweep reads it (another process's sandbox
+    stopping), is skipped: the sweep does not fail (``tests/run.sh`` sweeps first, beside whatever runs)."""
+    import reterm.sandbox.sweep as sweep_mod
+
+    run_root = sub("run")
+    gone = run_root / "vanished0000"
+
+    class Listing(type(run_root)):
+        def iterdir(self):
+            yield gone
+            yield from super().iterdir()
+
+    monkeypatch.setattr(sweep_mod, "sub", lambda name: Listing(run_root) if name == "run" else sub(name))
+    assert not gone.exists()
+    sweep()  # the folder's stat raised FileNotFoundError here when the sweep did not expect it to vanish
+    assert not gone.exists()
+
+
 def test_fails_clearly_without_root():
     """As `nobody` (rootless mode, tests/test_sandbox_rootless.py): a root-owned layer is refused with a
     clear message, nothing started or left behind."""

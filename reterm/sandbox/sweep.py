@@ -68,8 +68,11 @@ def sweep(*, snapshots: bool = False, log=None) -> dict[str, int]:
         if st and pid_alive(st.get("owner_pid"), st.get("owner_start")):
             live_ids.add(d.name)
             continue
-        if st is None and time.time() - d.stat().st_mtime < 60:
-            continue  # being created right now
+        try:
+            if st is None and time.time() - d.stat().st_mtime < 60:
+                continue  # being created right now
+        except FileNotFoundError:
+            continue  # stopped (and removed) by its owner meanwhile
         if st:
             hp, hs = st.get("holder_pid"), st.get("holder_start")
             if hp and pid_alive(hp, hs):
