@@ -83,3 +83,33 @@ def test_sandbox_that_never_started_stays_outside_pass_at_1(tmp_path):
     atts, p = _pass_at_1([SOLVE], dirs=(task,))
     assert atts[0].trajectory.outcome is Outcome.SANDBOX_ERROR and not drills._scored(atts[0])
     assert drills.agent_broke_sandbox(atts[0].trajectory) is None and p["n"] == 0
+
+
+@pytest.mark.slow
+def test_a_journaled_attempt_that_broke_its_sandbox_is_reused_as_the_agents_failure(monkeypatch, tmp_path):
+    """The evaluation's journal keeps the blamed failure (it never had a snapshot to fork): a resumed run reuses
+    it as it is instead of attempting the task again."""
+    import reterm.agent.episode as episode
+
+    monkeypatch.setattr(episode, "_host_memory_low", lambda: True)
+    journal = tmp_path / drills.JOURNAL
+    ran: list[int] = []
+    real = drills.run_attempts
+
+    async def counted(policy, dirs, **kw):
+        ran.append(len(dirs))
+        return await real(policy, dirs, **kw)
+
+    monkeypatch.setattr(drills, "run_attempts", counted)
+
+    async def main():
+        atts = await drills._attempts(ScriptedPolicy([RM_ROOT, SOLVE]), [TASK], 4, "probe", journal=journal,
+                                      keep_failed_snapshots=True, max_turns=4, command_timeout_s=15)  # fmt: skip
+        release(atts)
+        return atts[0]
+
+    first = asyncio.run(main())
+    assert first.trajectory.metadata["broken_by_agent"] and first.snapshot is None and ran == [1]
+    again = asyncio.run(main())
+    assert ran == [1]  # nothing attempted the second time
+    assert again.trajectory.outcome is Outcome.FAILURE and again.trajectory.metadata["broken_by_agent"]

@@ -137,7 +137,8 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
     snapshot when ``keep_failed_snapshots`` kept one; a re-run with the same file reuses the journaled attempts
     instead of attempting them again. A failed one, when ``keep_failed_snapshots`` is asked, is reused with its
     snapshot (the failure state a later step forks) only while that snapshot is on disk and not released (a
-    killed process leaves its snapshots there), else attempted again. Infrastructure faults are never journaled
+    killed process leaves its snapshots there), else attempted again; one that broke its sandbox
+    (:func:`_blame`) never had a snapshot and is reused as it is. Infrastructure faults are never journaled
     (retried).
     """
     keys = [f"{journal_tag}|{label}|{i}|{d.name}|{getattr(states[i], 'id', '') if states is not None else ''}"
@@ -151,6 +152,8 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
                 out[i] = Attempt(dirs[i], traj)
             elif (snap := _kept_snapshot(done[key].get("snapshot"))) is not None:
                 out[i] = Attempt(dirs[i], traj, snap)
+            elif traj.metadata.get("broken_by_agent"):  # never had a snapshot: nothing to fork either way
+                out[i] = Attempt(dirs[i], traj)
     todo = [i for i in range(len(dirs)) if i not in out]
     if out:
         _say(f"  {label}: {len(out)}/{len(dirs)} attempts from the journal, {len(todo)} to run")
