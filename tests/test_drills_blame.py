@@ -113,3 +113,19 @@ def test_a_journaled_attempt_that_broke_its_sandbox_is_reused_as_the_agents_fail
     again = asyncio.run(main())
     assert ran == [1]  # nothing attempted the second time
     assert again.trajectory.outcome is Outcome.FAILURE and again.trajectory.metadata["broken_by_agent"]
+
+
+@pytest.mark.slow
+def test_an_own_attempt_that_broke_its_sandbox_counts_from_the_start_but_is_no_state(tmp_path):
+    """Building the own multi-stage failure states: an attempt that wrecked its sandbox is a failure of Pass@1 from
+    the start, and not a failure state (it has no snapshot to fork); the build goes on without it."""
+    from reterm.drills.multistage import DEFAULT_STAGE_FAMILIES
+
+    async def main():
+        return await drills.build_multistage_states(
+            ScriptedPolicy([RM_ROOT]), "wrecker", tmp_path / "ms", 1, families=DEFAULT_STAGE_FAMILIES[:2], batch=2,
+            max_tasks=2, max_turns=3, command_timeout_s=15)  # fmt: skip
+
+    data = asyncio.run(main())
+    assert data["n_tasks"] == 2 and data["n_states"] == 0 and data["items"] == []
+    assert data["pass_at_1_from_start"]["n"] == 2 and data["pass_at_1_from_start"]["value"] == 0.0

@@ -69,7 +69,7 @@ def test_recovery_from_own_two_stage_failure_states_is_paired(tmp_path, monkeypa
 
     results = json.loads((out / "results.json").read_text())
     info = results["multistage_states"]
-    # sft fails every two-stage drill from its start: the first 2 of the ceil(1.3 x 2) = 3 tried are the items
+    # sft fails every two-stage drill from its start: the first 2 of the ceil(1.1 x 2) = 3 tried are the items
     assert info["state_model"] == "sft" and info["n_states"] == 2 and info["n_tasks"] == 3
     assert info["pass_at_1_from_start"]["value"] == 0.0 and info["pass_at_1_from_start"]["n"] == 3
     rec = {n: m["recovery_at_1"]["multistage_own"] for n, m in results["models"].items()}

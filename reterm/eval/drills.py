@@ -122,7 +122,7 @@ def _kept_snapshot(snapshot_id: Any) -> Snapshot | None:
         return None
     try:
         snap = Snapshot.load(snapshot_id)
-    except (FileNotFoundError, OSError, ValueError):
+    except (OSError, ValueError, KeyError):
         return None
     return None if snap.released else snap
 
@@ -136,8 +136,9 @@ async def _attempts(policy: Any, dirs: list[Path], batch: int, label: str, *, st
     ``journal_tag`` (the model and the caps), ``label``, its index, task and state id, with the id of its kept
     snapshot when ``keep_failed_snapshots`` kept one; a re-run with the same file reuses the journaled attempts
     instead of attempting them again. A failed one, when ``keep_failed_snapshots`` is asked, is reused with its
-    snapshot (the failure state a later step forks) only while that snapshot is on disk and not released (a
-    killed process leaves its snapshots there), else attempted again; one that broke its sandbox
+    snapshot (the failure state a later step forks) only while that snapshot is on disk and not released (what a
+    killed process held stays there; a caller that releases on an exception or SIGTERM frees it), else attempted
+    again; one that broke its sandbox
     (:func:`_blame`) never had a snapshot and is reused as it is. Infrastructure faults are never journaled
     (retried).
     """
@@ -340,9 +341,11 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
     ``items``: ``{"task", "state", "snapshot", "stages_done"}``), and returns the latter. The items' snapshots are
     kept (:func:`release_multistage`). ``kw``: :func:`reterm.recovery.attempts.run_attempts`'s caps.
 
-    The attempts are journaled in ``folder/start_journal.jsonl`` under ``journal_tag`` (the model's spec and the
-    caps) as they finish (:func:`_attempts`): a build killed midway resumes from its last batch, reusing the failed
-    attempts whose snapshots are still kept.
+    The attempts are journaled in ``folder/start_journal.jsonl`` under ``journal_tag`` (the model's spec),
+    the drills and the caps in ``kw`` as they finish (:func:`_attempts`): a build interrupted midway resumes from
+    its last batch, reusing the failed attempts whose snapshots are still kept (an interrupted build keeps them;
+    the journal is removed once ``states.json`` is written). An attempt that broke its sandbox is a failure from
+    the start but not an item (nothing to fork).
 
     Raises:
         ValueError: fewer stage ``families`` than ``stages`` (named).
@@ -355,6 +358,9 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
         except (OSError, ValueError):
             pass
     cap = max_tasks if max_tasks is not None else 4 * n
+    # what makes a journaled attempt this build's: the model, the drills and every cap it ran under
+    tag = "|".join([journal_tag, str(MULTISTAGE_SEED), str(stages), ",".join(families),
+                    json.dumps(kw, sort_keys=True, default=str)])  # fmt: skip
     kept: list[tuple[Any, Attempt]] = []
     scored: list[bool] = []
     start_passed: dict[str, float | None] = {}
@@ -370,8 +376,8 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
             tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families,
                                         stages=stages)[tried:]  # fmt: skip
             atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} {what} from start",
-                                   keep_failed_snapshots=True, journal=folder / START_JOURNAL,
-                                   journal_tag=f"{journal_tag}|{MULTISTAGE_SEED}|{stages}", **kw)  # fmt: skip
+                                   keep_failed_snapshots=True, journal=folder / START_JOURNAL, journal_tag=tag,
+                                   **kw)  # fmt: skip
             tried += len(tasks)
             for a in atts:
                 lines.append(json.dumps({"kind": "multistage_start", **a.trajectory.model_dump(mode="json")}))
@@ -383,13 +389,15 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
                 scored.append(bool(a.trajectory.passed))
                 start_passed[a.task_dir.name] = float(a.trajectory.passed)
                 chosen = chain_most_progress([a])  # the task's attempts: one under greedy decoding
-                if chosen is not None and len(kept) < n:
+                # an attempt that broke its sandbox (the agent's failure, counted above) has no snapshot to fork
+                if chosen is not None and chosen.snapshot is not None and len(kept) < n:
                     kept.append((attempt_end_state(chosen), chosen))
                 else:
                     release([a])
             _say(f"  {state_model}: {len(kept)}/{n} {what} failure states from {tried} tasks")
     except BaseException:
-        release([a for _, a in kept])
+        # the journal names the kept snapshots: a re-run forks them instead of attempting those tasks again
+        # (`reterm sandbox sweep --snapshots` frees those of a build never resumed)
         raise
     done_of = [attempt_stages_done(a) for _, a in kept]
     by_done: dict[str, int] = defaultdict(int)
@@ -405,6 +413,7 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
             "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     write_text_atomic(folder / "start_attempts.jsonl", "".join(line + "\n" for line in lines))
     write_json_atomic(folder / "states.json", data)
+    (folder / START_JOURNAL).unlink(missing_ok=True)  # states.json holds what it kept
     _say(f"  {state_model}: {len(kept)} {what} failure states from {tried} tasks; {what} pass rate from task "
          f"start {_fmt(data['pass_at_1_from_start'])}, {data['wall_s']:.0f}s")  # fmt: skip
     return data

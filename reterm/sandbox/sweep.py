@@ -107,7 +107,11 @@ def sweep(*, snapshots: bool = False, log=None) -> dict[str, int]:
         if collect(snap.path):
             counts["snapshots"] += 1
     for d in sub("snapshots").iterdir():  # a snapshot whose copy was interrupted (no meta.json)
-        if not (d / "meta.json").exists() and time.time() - d.stat().st_mtime > 600:
+        try:
+            stale = not (d / "meta.json").exists() and time.time() - d.stat().st_mtime > 600
+        except FileNotFoundError:
+            continue  # collected by another process meanwhile
+        if stale:
             rmtree_writable(d)
             counts["snapshots"] += 1
     # half-built layers and bases whose builder is gone (its lock is free)
