@@ -131,6 +131,15 @@ def test_failure_state_arm_starts_from_the_failed_attempts_fork_and_resumes(tmp_
     assert m["n_tasks"] == 3 and m["signal_attempt_share"]["failure_state"]["value"] == 0.0
     assert m["pass_rate"]["failure_state"]["value"] == 1.0 and m["pass_rate"]["task_start"]["value"] == 0.0
     assert (out / "report.md").is_file() and (out / "signal.png").is_file()
+    assert "ablation" not in (out / "report.md").read_text()
+    # the recovery-context ablation: not mixed into rows made with the whole attempt, recorded where it ran
+    assert mechanism.main([*args, "--tasks", "3", "--batch", "2", "--context-steps", "1"], policy=policy) == 2
+    short = tmp_path / "short"
+    argv = [*args[:2], "--output", str(short), *args[4:], "--tasks", "1", "--batch", "2", "--context-steps", "1"]
+    assert mechanism.main(argv, policy=policy) == 0
+    (row,) = mechanism.read_rows(short / "groups.jsonl")
+    assert row["failure_state"]["context_steps"] == 1 and row["failure_state"]["rewards"] == [1.0, 1.0]
+    assert "last 1 steps (an ablation)" in (short / "report.md").read_text()
 
 
 def test_single_stage_control_takes_instances_spread_over_families(tmp_path):

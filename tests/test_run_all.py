@@ -238,7 +238,7 @@ def test_run_all_sizes_reach_the_stage_commands(tmp_path):
     assert f"--policy hf:{tmp_path}/d/sft/merged" in cmds["mine"] and "--policy smollm2" in cmds["mine"]
     assert "--max_steps 15" in cmds["grpo"] and "--max_steps 15" in cmds["grpo-standard"]
     assert "eval.mechanism" in cmds["mechanism"] and f"--model hf:{tmp_path}/d/sft/merged" in cmds["mechanism"]
-    assert "--tasks 56 --group-size 4 --chain-stages 4 --max-turns 14" in cmds["mechanism"]
+    assert "--tasks 72 --group-size 4 --chain-stages 4 --max-turns 14" in cmds["mechanism"]
     assert "--chains 3:24 --chains 4:24" in cmds["drills"]
     assert f"--task_dirs {tmp_path}/d/drills" in cmds["grpo"] and f"--task_dirs {tmp_path}/d/drills" in cmds["grpo-standard"]
     assert "eval.drills" in cmds["eval"] and "--model base=smollm2" in cmds["eval"] and "--max-id 120" in cmds["eval"]

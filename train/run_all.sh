@@ -277,16 +277,16 @@ case "$RECIPE:$SIZE" in
     EVAL_SIZE=(--max-id 120 --max-ood 12 --max-states 0 --own-items 0 --k-max 1 --max-turns 5 --max-new-tokens 96
                --multistage-states 150 --chain-stages 4 --workers 2)
     # the mechanism, on held-out four-stage chains, where a fresh attempt rarely finishes and a state with stages
-    # done often can: 56 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 448
-    # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs, from four 8-chain runs at
-    # the 135M size (0 of 32 start groups and 4 of 32 failure-state groups with signal: discordance 0.125, expected
-    # difference 0.125; docs/EXPERIMENTS.md, "a short recovery context, and three-stage chains"):
-    # n = 7.85 (0.125 - 0.0156) / 0.0156 = 55 paired chains for 80% power at 95% (two-sided). Chunks of 2 chains
-    # (--batch 8): on the AVX2-only EPYC (2 cores, fp32) 8 chains took 17 min in 2 workers, so the 56 about 2 h;
-    # a kill loses one small chunk. At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the
+    # done often can: 72 chains x (G=4 from the start + G=4 from the failed one with the most stages done) = 576
+    # attempts of up to 14 turns (the chains' turn budget). Power, stated before it runs, from five 8-chain runs at
+    # the 135M size (0 of 40 start groups and 4 of 40 failure-state groups with signal: discordance 0.1, expected
+    # difference 0.1; docs/EXPERIMENTS.md, "Four-stage chains with a short recovery context, and three-stage
+    # chains", which gives the caveat): n = 7.85 (0.1 - 0.01) / 0.01 = 71 paired chains for 80% power at 95%
+    # (two-sided). Chunks of 2 chains (--batch 8): on the AVX2-only EPYC (2 cores, fp32) 8 chains took 17 min in 2
+    # workers, so the 72 about 2.5 h; a kill loses one small chunk. At temperature 0.7, the GRPO recipes' and eval.mechanism's default (at 0.9 the
     # SFT model wrote tool-schema debris on two-part tasks; at 0.7, 729 of 732 turns were valid tool calls)
-    MECH_SIZE=(--tasks 56 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
-               --batch 8 --planned-delta 0.125 --assumed-discordance 0.125)
+    MECH_SIZE=(--tasks 72 --group-size 4 --chain-stages 4 --max-turns 14 --max-new-tokens 96 --temperature 0.7
+               --batch 8 --planned-delta 0.1 --assumed-discordance 0.1)
     ;;
 esac
 case "$SIZE" in

@@ -191,7 +191,8 @@ async def run_chunk(policy: Any, tasks: list[Any], group_size: int, *, context_s
             st = attempt_end_state(failed, context_steps=context_steps)
             row["failure_state"] = {"state_id": st.id, "category": st.category,
                                     "from_attempt": [a is failed for a in group].index(True),
-                                    "failed_checks": failed_checks(failed), "stages_done": _done(failed)}  # fmt: skip
+                                    "failed_checks": failed_checks(failed), "stages_done": _done(failed),
+                                    "context_steps": context_steps}  # fmt: skip
             states.append(st)
             snaps.append(failed)
             owners.append(i)
@@ -248,7 +249,10 @@ def report(m: dict[str, Any]) -> str:
              f"Policy `{m['settings']['model']}`, {m['n_tasks']} tasks ({m['settings'].get('tasks')}), "
              f"G = {m['settings']['group_size']}, "
              f"temperature {m['settings']['temperature']}, {m['settings']['max_turns']} turns x "
-             f"{m['settings']['max_new_tokens']} tokens. Rates: value [95% interval] (n attempts).", "",
+             f"{m['settings']['max_new_tokens']} tokens"
+             + ("" if m["settings"].get("context_steps") is None else
+                f"; recoveries see only the failed attempt's last {m['settings']['context_steps']} steps (an ablation)")
+             + ". Rates: value [95% interval] (n attempts).", "",
              "| arm | signal_attempt_share | groups with signal | pass rate |", "|---|---|---|---|"]  # fmt: skip
     for arm in ARMS:
         lines.append(f"| {arm} | {fmt(s[arm])} | {s[arm]['signal_groups']}/{s[arm]['groups']} | {fmt(p[arm])} |")
@@ -424,6 +428,11 @@ def main(argv: list[str] | None = None, *, policy: Any = None) -> int:
          f"running {plan['n_planned']} tasks (smallest detectable there: {plan['min_detectable_at_planned']})")
     t0 = time.monotonic()
     journal = a.output / "groups.jsonl"
+    other = {(r.get("failure_state") or {}).get("context_steps", a.context_steps) for r in read_rows(journal)}
+    if other - {a.context_steps}:
+        print(f"eval.mechanism: {journal} holds rows made with --context-steps {sorted(other, key=str)}, not "
+              f"{a.context_steps}: use another --output", file=sys.stderr)  # fmt: skip
+        return 2
     done = {r["task"] for r in read_rows(journal)}
     todo = [t for t in tasks if t.name not in done]
     _say(f"{len(tasks)} tasks ({len(done)} done before), G={a.group_size}, model {a.model}")

@@ -138,6 +138,9 @@ def attempt_end_state(attempt: Attempt, source: str = Source.OWN, *, context_ste
             steps' commands (the prefix's, as every record's), so such a state is rebuilt from its snapshot only.
             An ablation of the release's protocol (the whole first attempt in context), for a model that re-types
             its history's commands; at 135M on four-stage chains it recovered as often (docs/EXPERIMENTS.md).
+            ``category``, ``command``, ``output``, ``evidence`` and the localisation still describe the whole
+            attempt (their step may lie before the kept ones); kept steps keep their ``Step.index``, while
+            ``step`` indexes the shortened history.
 
     Raises:
         ValueError: the attempt did not fail (passed, or an infrastructure fault) or took no step, or
