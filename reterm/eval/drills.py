@@ -290,9 +290,8 @@ def load_multistage_states(folder: Path, state_model: str, n: int, stages: int =
             or (max_turns is not None and data.get("max_turns") != max_turns)
         ):
             return None
-        for item in data["items"]:
-            if Snapshot.load(item["snapshot"]).released:
-                return None
+        if any(_kept_snapshot(item["snapshot"]) is None for item in data["items"]):
+            return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return data
@@ -367,38 +366,35 @@ async def build_multistage_states(policy: Any, state_model: str, folder: Path, n
     what = "two-stage" if stages == 2 else f"{stages}-stage chain"
     lines: list[str] = []
     tried = infra = 0
-    try:
-        while len(kept) < n and tried < cap:
-            need = n - len(kept)
-            fail_share = (len(scored) - sum(scored)) / len(scored) if scored else 1.0
-            more = -(-11 * need // 10) if not scored else int(1.1 * need / max(fail_share, 0.2)) + 1
-            chunk = min(cap - tried, more)
-            tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families,
-                                        stages=stages)[tried:]  # fmt: skip
-            atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} {what} from start",
-                                   keep_failed_snapshots=True, journal=folder / START_JOURNAL, journal_tag=tag,
-                                   **kw)  # fmt: skip
-            tried += len(tasks)
-            for a in atts:
-                lines.append(json.dumps({"kind": "multistage_start", **a.trajectory.model_dump(mode="json")}))
-                if not _scored(a):
-                    infra += 1
-                    start_passed[a.task_dir.name] = None
-                    release([a])
-                    continue
-                scored.append(bool(a.trajectory.passed))
-                start_passed[a.task_dir.name] = float(a.trajectory.passed)
-                chosen = chain_most_progress([a])  # the task's attempts: one under greedy decoding
-                # an attempt that broke its sandbox (the agent's failure, counted above) has no snapshot to fork
-                if chosen is not None and chosen.snapshot is not None and len(kept) < n:
-                    kept.append((attempt_end_state(chosen), chosen))
-                else:
-                    release([a])
-            _say(f"  {state_model}: {len(kept)}/{n} {what} failure states from {tried} tasks")
-    except BaseException:
-        # the journal names the kept snapshots: a re-run forks them instead of attempting those tasks again
-        # (`reterm sandbox sweep --snapshots` frees those of a build never resumed)
-        raise
+    # an interruption leaves the kept snapshots: the journal names them, and a re-run forks them instead of
+    # attempting those tasks again (`reterm sandbox sweep --snapshots` frees those of a build never resumed)
+    while len(kept) < n and tried < cap:
+        need = n - len(kept)
+        fail_share = (len(scored) - sum(scored)) / len(scored) if scored else 1.0
+        more = -(-11 * need // 10) if not scored else int(1.1 * need / max(fail_share, 0.2)) + 1
+        chunk = min(cap - tried, more)
+        tasks = generate_multistage(folder / "tasks", MULTISTAGE_SEED, tried + chunk, families=families,
+                                    stages=stages)[tried:]  # fmt: skip
+        atts = await _attempts(policy, [t.path for t in tasks], batch, f"{state_model} {what} from start",
+                               keep_failed_snapshots=True, journal=folder / START_JOURNAL, journal_tag=tag,
+                               **kw)  # fmt: skip
+        tried += len(tasks)
+        for a in atts:
+            lines.append(json.dumps({"kind": "multistage_start", **a.trajectory.model_dump(mode="json")}))
+            if not _scored(a):
+                infra += 1
+                start_passed[a.task_dir.name] = None
+                release([a])
+                continue
+            scored.append(bool(a.trajectory.passed))
+            start_passed[a.task_dir.name] = float(a.trajectory.passed)
+            chosen = chain_most_progress([a])  # the task's attempts: one under greedy decoding
+            # an attempt that broke its sandbox (the agent's failure, counted above) has no snapshot to fork
+            if chosen is not None and chosen.snapshot is not None and len(kept) < n:
+                kept.append((attempt_end_state(chosen), chosen))
+            else:
+                release([a])
+        _say(f"  {state_model}: {len(kept)}/{n} {what} failure states from {tried} tasks")
     done_of = [attempt_stages_done(a) for _, a in kept]
     by_done: dict[str, int] = defaultdict(int)
     for d in done_of:
