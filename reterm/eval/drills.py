@@ -838,6 +838,7 @@ def main(argv: list[str] | None = None) -> int:
               f"families {list(ms_families)}; a chain needs one per stage", file=sys.stderr)  # fmt: skip
         return 2
     ms_kw = dict(families=ms_families, batch=a.batch, max_turns=ms_turns, stages=a.chain_stages,
+                 journal_tag=f"{models[state_model]}|{a.max_new_tokens}",
                  max_consecutive_parse_errors=MAX_CONSECUTIVE_PARSE_ERRORS)  # fmt: skip
     need_ms = a.multistage_states > 0 and bool(todo)
     ms_data = load_multistage_states(ms_dir, state_model, a.multistage_states, a.chain_stages,
@@ -854,9 +855,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{models[state_model]}")
             policy = load_policy(models[state_model], **policy_defaults(models[state_model],
                                                                           max_new_tokens=a.max_new_tokens), seed=0)
-            ms_data = asyncio.run(build_multistage_states(
-                policy, state_model, ms_dir, a.multistage_states,
-                journal_tag=f"{models[state_model]}|{a.max_new_tokens}", **ms_kw))
+            ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states,
+                                                          **ms_kw))  # fmt: skip
             del policy
             gc.collect()
     state_dirs = spread(id_dirs, a.max_states) + spread(ood_dirs, a.max_states)
@@ -874,9 +874,8 @@ def main(argv: list[str] | None = None) -> int:
             policy = load_policy(models[name], **policy_defaults(models[name], max_new_tokens=a.max_new_tokens), seed=0)
             unwinnable = _unwinnable_items(policy, [*id_dirs, *ood_dirs], a.max_new_tokens, a.max_turns)
             if need_ms and ms_data is None:  # name is the state model
-                ms_data = asyncio.run(build_multistage_states(
-                    policy, state_model, ms_dir, a.multistage_states,
-                    journal_tag=f"{models[state_model]}|{a.max_new_tokens}", **ms_kw))
+                ms_data = asyncio.run(build_multistage_states(policy, state_model, ms_dir, a.multistage_states,
+                                                              **ms_kw))  # fmt: skip
             m = asyncio.run(evaluate_model(name, policy, id_dirs, ood_dirs, injected, a.output,
                                            max_turns=a.max_turns, batch=a.batch, own_items=a.own_items,
                                            k_max=a.k_max, journal_tag=f"{models[name]}|{a.max_turns}|{a.max_new_tokens}",
