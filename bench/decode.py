@@ -8,7 +8,7 @@ rendered by :meth:`TransformersPolicy.prompt_ids`), one drill of each family in 
 
 Measured, in this order:
 
-1. the machine: read bandwidth (best of 5 sums of a 1 GiB float32 tensor) and float32 matrix-product peak (best
+1. the machine: read bandwidth (best of 5 sums of a 1 GiB float32 tensor) and the model dtype's matrix-product peak (best
    of 5 products of 2048x2048 matrices), with torch's thread count as generation runs;
 2. a decoding step at ``--rows`` rows at the prompts' width: today's (the model's forward with transformers'
    cache) and the loop's (:func:`reterm.policies.llama_decode._step`), interleaved, median of ``--steps``;
@@ -31,7 +31,7 @@ from this process's: one thread's sums may round differently).
 
 Ends with one JSON line: ``decode_over_read`` (loop's step ms over the time to read the weights and the rows' KV
 cache once at the measured bandwidth), ``decode_floor_over_read`` (the step's arithmetic at the measured matmul
-peak over that same read time: the least ``decode_over_read`` float32 arithmetic allows on this machine), ``prefill_share_of_peak`` (prefill tokens/s x FLOPs a token over the
+peak over that same read time: the least ``decode_over_read`` the model dtype's arithmetic allows on this machine), ``prefill_share_of_peak`` (prefill tokens/s x FLOPs a token over the
 measured peak; FLOPs a token: 2 x non-embedding parameters + 4 x layers x query width x mean context),
 ``speedup`` (today's whole-generation wall over the loop's, medians), the step times, the CPU flags and
 ``rows_differing``; with ``--int8`` also ``speedup_int8``, ``step_ms_int8``, ``decode_over_read_int8`` (against
@@ -65,13 +65,14 @@ def cpu_flags() -> list[str]:
     return sorted(f for f in set(flags) if f.startswith(keep) or any(k in f for k in ("vnni", "bf16", "amx")))
 
 
-def machine(torch) -> tuple[float, float]:
-    """``(read GB/s, fp32 matmul GFLOP/s)``, best of 5 each."""
+def machine(torch, dtype=None) -> tuple[float, float]:
+    """``(read GB/s, matmul GFLOP/s)``, best of 5 each; the matmul in ``dtype`` (float32 by default): the
+    model's own, since a CPU with bf16 instructions multiplies bf16 several times faster."""
     x = torch.ones(1 << 28)  # 1 GiB
     best = min(_timed(lambda: x.sum()) for _ in range(5))
     bw = x.numel() * 4 / best / 1e9
     x = None  # free the 1 GiB before the matmul
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     best = min(_timed(lambda: torch.mm(a, b)) for _ in range(5))
     return bw, 2 * 2048**3 / best / 1e9
 
@@ -93,10 +94,11 @@ def prompts_of(policy, rows: int) -> list[list[int]]:
     return [policy.prompt_ids(initial_messages(t), TOOLS) for t in instructions]
 
 
-def step_times(torch, model, prompts, pad: int, steps: int, profile: bool,
-               int8: bool = False) -> tuple[float, float, float | None, dict | None]:  # fmt: skip
+def step_times(torch, model, prompts, pad: int, steps: int, profile: bool, int8: bool = False,
+               new_tokens: int = 96) -> tuple[float, float, float | None, dict | None]:  # fmt: skip
     """Median ms of a decoding step at ``len(prompts)`` rows after their prefill: today's, the loop's, the loop's
-    with int8 weights (``None`` without ``int8``); and the profile split."""
+    with int8 weights (``None`` without ``int8``); and the profile split. The loop's cache is reserved for
+    ``new_tokens`` as generation reserves it (its attention reads the whole storage)."""
     from reterm.policies import llama_decode
     from reterm.policies.kv_cache import _reserved_cache
 
@@ -108,18 +110,20 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool,
         att[i, W - len(p) :] = 1
     pos = (att.cumsum(-1) - 1).masked_fill(att == 0, 1)
     old, new, new8 = [], [], []
+    from reterm.policies import packed_weights
+
     w8 = None
+    pk = packed_weights.for_model(model) if packed_weights.usable(model) else None  # as generation multiplies
     if int8:
         from reterm.policies import int8_weights
 
         w8 = int8_weights.for_model(model)
     with torch.inference_mode():
-        cache = _reserved_cache(model, W + steps + 3)
+        cache = _reserved_cache(model, W + max(steps + 3, new_tokens))
         model(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True,
               logits_to_keep=1)  # fmt: skip
         keys, values = [layer._k for layer in cache.layers], [layer._v for layer in cache.layers]
-        mask = torch.zeros((B, keys[0].shape[2]), dtype=keys[0].dtype)
-        mask[:, :W].masked_fill_(att == 0, torch.finfo(keys[0].dtype).min)
+        mask = llama_decode.decode_mask(keys, values, att)
         tok = torch.full((B,), 198, dtype=torch.long)
         last = pos[:, -1]
         cache2 = _reserved_cache(model, W + steps + 2)
@@ -128,7 +132,7 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool,
         a = att
         for s in range(steps + 1):  # interleaved, so that the machine's load hits both; the first step is a warm-up
             a = torch.cat([a, torch.ones((B, 1), dtype=a.dtype)], 1)
-            dt_new = _timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask))
+            dt_new = _timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask, pk))
             dt_old = _timed(lambda: model(input_ids=tok[:, None], attention_mask=a, position_ids=(last + 1 + s)[:, None],
                                           cache=cache2, use_cache=True))  # fmt: skip
             dt_8 = _timed(lambda: llama_decode._step(model, tok, last + 1 + s, keys, values, W + s, mask, w8)) \
@@ -140,7 +144,7 @@ def step_times(torch, model, prompts, pad: int, steps: int, profile: bool,
                     new8.append(dt_8)
         split = None
         if profile:
-            split = _profile(torch, lambda: llama_decode._step(model, tok, last + 1, keys, values, W, mask))
+            split = _profile(torch, lambda: llama_decode._step(model, tok, last + 1, keys, values, W, mask, pk))
     return (statistics.median(old) * 1e3, statistics.median(new) * 1e3,
             statistics.median(new8) * 1e3 if new8 else None, split)  # fmt: skip
 
@@ -154,7 +158,7 @@ def _profile(torch, fn) -> dict:
     with profile() as prof:
         fn()
     wall = (time.perf_counter() - t) * 1e3
-    groups = {"weights": ("aten::mm", "aten::addmm"), "attention": ("aten::bmm", "aten::_softmax"),
+    groups = {"weights": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"), "attention": ("aten::bmm", "aten::_softmax"),
               "cache": ("aten::copy_", "aten::index_select", "aten::cat")}  # fmt: skip
     out = {k: 0.0 for k in groups}
     for ev in prof.key_averages():
@@ -199,11 +203,11 @@ def main() -> None:
     B, W = len(prompts), max(len(q) for q in prompts)
     _say(f"{B} prompts, {min(len(q) for q in prompts)}-{W} tokens; {torch.get_num_threads()} threads")
 
-    bw, peak = machine(torch)
-    _say(f"read {bw:.1f} GB/s, fp32 matmul {peak:.0f} GFLOP/s")
+    bw, peak = machine(torch, policy.dtype)
+    _say(f"read {bw:.1f} GB/s, {policy.dtype} matmul {peak:.0f} GFLOP/s")
 
     old_ms, new_ms, int8_ms, split = step_times(torch, model, prompts, policy.pad_token_id, args.steps, args.profile,
-                                                args.int8)  # fmt: skip
+                                                args.int8, args.new_tokens)  # fmt: skip
     _say(f"decode step at {B} rows x {W}: today {old_ms:.0f} ms, loop {new_ms:.0f} ms"
          + (f", loop int8 {int8_ms:.0f} ms" if int8_ms else "") + f"; profile {split}")  # fmt: skip
     elt = next(model.parameters()).element_size()

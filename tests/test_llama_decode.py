@@ -192,3 +192,63 @@ def test_int8_decoding_reads_the_prompt_in_float_and_follows_the_weights(smol):
             w.copy_(saved)
     with pytest.raises(ValueError, match="decode_weights"):
         PrefixKVCache(decode_weights="int4")
+
+
+def test_decode_mask_closes_and_zeroes_the_columns_not_yet_written():
+    """The loop's attention reads a cache's whole storage: :func:`llama_decode.decode_mask` zeroes the columns
+    after the prompt (reserved storage starts as whatever memory held, here NaN) and closes them, padding stays
+    closed, and each step opens its own column; a closed column gets exactly 0 attention."""
+    B, W, cap = 2, 3, 6
+    keys = [torch.full((B, 1, cap, 4), float("nan"))]
+    values = [torch.full((B, 1, cap, 4), float("nan"))]
+    for t in keys + values:
+        t[:, :, :W] = 1.0
+    att = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    mask = llama_decode.decode_mask(keys, values, att)
+    low = torch.finfo(torch.float32).min
+    assert mask.tolist() == [[low, 0, 0, low, low, low], [0, 0, 0, low, low, low]]
+    assert torch.equal(keys[0][:, :, W:], torch.zeros(B, 1, cap - W, 4))
+    assert not values[0].isnan().any()
+    probs = torch.softmax(torch.zeros(B, cap) + mask, dim=-1)
+    assert probs[:, W:].eq(0).all() and probs[0, 0] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_multiply_as_the_modules_and_follow_in_place_changes(smol, dtype):
+    """The loop's default copies of the weights (:mod:`reterm.policies.packed_weights`, oneDNN's layout, the model's
+    own dtype): each layer's product equals the module's to rounding, the copies are kept while the weights are
+    unchanged and rebuilt after one changes in place (an optimiser step, a weight sync)."""
+    from reterm.policies import packed_weights
+
+    if not packed_weights.available():
+        pytest.skip("this torch build has no oneDNN packed linear kernels")
+    model = smol.model if dtype == torch.float32 else copy_in(smol.model, dtype)
+    assert packed_weights.usable(model)
+    pk = packed_weights.for_model(model)
+    assert packed_weights.for_model(model) is pk
+    assert copy_in(model, dtype) is not model  # the copies live beside the model: deepcopy still works
+    x = torch.randn(5, model.config.hidden_size, dtype=dtype)
+    with torch.inference_mode():
+        for module in (model.model.layers[0].self_attn.q_proj, model.model.layers[3].mlp.up_proj, model.lm_head):
+            torch.testing.assert_close(pk(module, x), module(x), atol=1e-3 if dtype == torch.float32 else 2e-2,
+                                       rtol=1e-3 if dtype == torch.float32 else 2e-2)  # fmt: skip
+    layer = model.model.layers[0].mlp.gate_proj
+    w = layer.weight
+    with torch.no_grad():
+        saved = w.clone()
+        w.mul_(2.0)
+        try:
+            rebuilt = packed_weights.for_model(model)
+            assert rebuilt is not pk
+            with torch.inference_mode():
+                torch.testing.assert_close(rebuilt(layer, x), layer(x), atol=2e-3 if dtype == torch.float32 else 4e-2,
+                                           rtol=1e-3 if dtype == torch.float32 else 2e-2)  # fmt: skip
+        finally:
+            w.copy_(saved)
+
+
+def copy_in(model, dtype):
+    """A copy of ``model`` in ``dtype`` (the fixture's float32 model stays as it is)."""
+    import copy
+
+    return copy.deepcopy(model).to(dtype)

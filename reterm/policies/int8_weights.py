@@ -19,12 +19,18 @@ changed (an optimiser step, a weight sync), so a policy being trained decodes wi
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
+
+from reterm.policies.packed_weights import decoder_linears as _linears
+from reterm.policies.packed_weights import weights_signature as _signature
 
 #: The decoding loop's weight modes.
 DECODE_WEIGHTS = ("float", "int8")
 
-_ATTR = "_reterm_int8_linears"
+#: Each model's copies, kept beside it rather than on it (an attribute would travel with ``copy.deepcopy(model)``,
+#: which cannot copy oneDNN's opaque tensors) and dropped with it.
+_COPIES: "weakref.WeakKeyDictionary[Any, Int8Linears]" = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -34,19 +40,6 @@ def available() -> bool:
 
     engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
     return bool(engines) and hasattr(torch.ops.quantized, "linear_dynamic")
-
-
-def _linears(model: Any) -> list[Any]:
-    """Every linear layer a decoding step multiplies by: per layer q, k, v, o, gate, up, down; then the LM head."""
-    out = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-    return out + [model.lm_head]
-
-
-def _signature(mods: list[Any]) -> tuple:
-    return tuple((m.weight.data_ptr(), m.weight._version) for m in mods)
 
 
 def _pack(module: Any) -> Any:
@@ -87,10 +80,9 @@ class Int8Linears:
 
 def for_model(model: Any) -> Int8Linears:
     """The model's :class:`Int8Linears`, built on first use and rebuilt when any of its weights changed (storage or
-    in-place version); kept on the model object. Building them for SmolLM2-135M takes a few seconds."""
+    in-place version); kept beside the model. Building them for SmolLM2-135M takes a few seconds."""
     mods = _linears(model)
-    have = getattr(model, _ATTR, None)
+    have = _COPIES.get(model)
     if have is None or have.signature != _signature(mods):
-        have = Int8Linears(model)
-        object.__setattr__(model, _ATTR, have)
+        have = _COPIES[model] = Int8Linears(model)
     return have

@@ -31,7 +31,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from reterm.policies import int8_weights
+from reterm.policies import int8_weights, packed_weights
 from reterm.policies.cache_keyword import cache_kwarg
 
 #: Generation settings the loop reproduces; a config that sets anything else goes to ``model.generate``.
@@ -166,19 +166,28 @@ def _rotate(x: Any, cos: Any, sin: Any) -> Any:
 
 
 def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list[Any], col: int, mask: Any,
-          int8: Any = None) -> Any:
+          linears: Any = None) -> Any:
     """One decoding step of ``b`` rows: feed ``tokens`` ``(b,)`` at ``positions`` ``(b,)``, write their keys and
-    values into column ``col`` of each layer's ``keys``/``values`` ``(b, kv_heads, capacity, head_dim)``, attend
-    to columns ``[0, col]`` under the additive ``mask`` ``(b, capacity)``; returns the logits ``(b, V)``. With
-    ``int8`` (:class:`reterm.policies.int8_weights.Int8Linears` of this model) the linear layers and LM head
-    multiply by its int8 weights."""
+    values into column ``col`` of each layer's ``keys``/``values`` ``(b, kv_heads, capacity, head_dim)``, open
+    column ``col`` of the additive ``mask`` ``(b, capacity)`` (set to 0 in place) and attend to every column under
+    it; returns the logits ``(b, V)``. The caller prepares ``mask`` and the storage with :func:`decode_mask`
+    (columns not yet written are zeros under a closed mask, so they add exactly nothing). With ``linears``
+    (:class:`reterm.policies.packed_weights.PackedLinears` or :class:`reterm.policies.int8_weights.Int8Linears`
+    of this model, called as ``linears(module, x)``) the linear layers and LM head multiply by its copies of the
+    weights instead of the modules' own.
+
+    Attention reads the whole storage rather than its first ``col + 1`` columns: a slice of the position axis is
+    not contiguous across rows, and a bf16 batched product on the CPU copies such an operand first (SmolLM2 bf16,
+    32 rows x 435 columns, 2 threads of an AVX-512 BF16 EPYC: 63 ms a step for the 30 layers' attention on the
+    slices, 20 ms on contiguous operands; float32 45 against 39 ms). The columns read beyond ``col`` cost
+    ``capacity / (col + 1) - 1`` more arithmetic (under 25% for a call of 96 new tokens after 400 prompt tokens)."""
     import torch
 
-    if int8 is None:
+    if linears is None:
         def lin(module: Any, x: Any) -> Any:
             return module(x)
     else:
-        lin = int8
+        lin = linears
 
     inner = model.model
     cfg = model.config
@@ -189,8 +198,8 @@ def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list
     h = inner.embed_tokens(tokens)  # (b, hidden)
     cos, sin = inner.rotary_emb(h[:, None], positions[:, None])  # (b, 1, d)
     cos, sin = cos.to(h.dtype), sin.to(h.dtype)
-    n = col + 1
-    bias = mask[:, None, None, :n]  # (b, 1, 1, n)
+    mask[:, col] = 0
+    bias = mask[:, None, None, :]  # (b, 1, 1, capacity)
     for li, layer in enumerate(inner.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
@@ -201,16 +210,42 @@ def _step(model: Any, tokens: Any, positions: Any, keys: list[Any], values: list
         K[:, :, col] = k
         V[:, :, col] = v
         q = q.view(b, hkv, rep, d)  # query head j reads key/value head j // rep (transformers' repeat_kv)
-        scores = torch.matmul(q, K[:, :, :n].transpose(-1, -2)) * attn.scaling  # (b, hkv, rep, n)
+        scores = torch.matmul(q, K.transpose(-1, -2)) * attn.scaling  # (b, hkv, rep, capacity)
         probs = torch.softmax(scores + bias, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, V[:, :, :n]).reshape(b, hq * d)
+        out = torch.matmul(probs, V).reshape(b, hq * d)
         h = h + lin(attn.o_proj, out)
         mlp = layer.mlp
         x = layer.post_attention_layernorm(h)
         h = h + lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))
-    if int8 is not None:
-        return int8(model.lm_head, inner.norm(h)).float()
+    if linears is not None:
+        return linears(model.lm_head, inner.norm(h)).float()
     return _head(model.lm_head, inner.norm(h)).float()
+
+
+def decode_mask(keys: list[Any], values: list[Any], attention_mask: Any) -> Any:
+    """Prepare a reserved cache for :func:`_step`: zero every layer's ``keys``/``values`` ``(B, kv_heads,
+    capacity, head_dim)`` beyond the prompt's ``W`` columns (in place) and return the additive mask ``(B,
+    capacity)``: 0 on the rows' prompt tokens, the dtype's lowest value on padding and on the columns not yet
+    written (each :func:`_step` opens its own column). Softmax gives a closed column exactly 0 (``exp`` of about
+    ``-3.4e38`` underflows), and its zero key/value adds exactly nothing.
+
+    Args:
+        keys, values: per layer, as the reserved cache holds them after the prompt's ``W`` columns.
+        attention_mask: ``(B, W)``, 1 on prompt tokens, 0 on left padding.
+
+    Returns:
+        ``(B, capacity)`` tensor in the cache's dtype.
+    """
+    import torch
+
+    B, W = attention_mask.shape
+    capacity, dtype = keys[0].shape[2], keys[0].dtype
+    for k, v in zip(keys, values):
+        k[:, :, W:].zero_()
+        v[:, :, W:].zero_()
+    mask = torch.full((B, capacity), torch.finfo(dtype).min, dtype=dtype, device=keys[0].device)
+    mask[:, :W].masked_fill_(attention_mask.to(mask.device) != 0, 0)
+    return mask
 
 
 #: Vocabulary rows of the LM head multiplied at a time (see :func:`_head`).
@@ -248,7 +283,9 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
         output_logits: also return each step's raw logits.
         keep_states: also return each row's key/value states (for the prefix store).
         int8: decoding steps multiply by int8 copies of the linear layers and LM head
-            (:mod:`reterm.policies.int8_weights`; the prompt is read in the model's own precision).
+            (:mod:`reterm.policies.int8_weights`; the prompt is read in the model's own precision). Otherwise
+            they multiply by oneDNN-packed copies in the model's own dtype where :func:`packed_weights.usable`
+            (:mod:`reterm.policies.packed_weights`), else by the modules themselves.
 
     Returns:
         :class:`LoopOutput`.
@@ -263,12 +300,14 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     if cached_columns >= W or max_new_tokens < 1:
         raise ValueError(f"llama_decode.generate: cached_columns={cached_columns} of W={W}, "
                          f"max_new_tokens={max_new_tokens}")  # fmt: skip
-    w8 = None
+    linears = None  # the step's copies of the weights: int8, packed, or the modules themselves
     if int8:
         if model.lm_head.weight.dtype != torch.float32:
             raise ValueError(f"llama_decode.generate: int8 decoding needs float32 weights, the model has "
                              f"{model.lm_head.weight.dtype}")  # fmt: skip
-        w8 = int8_weights.for_model(model)
+        linears = int8_weights.for_model(model)
+    elif packed_weights.usable(model):
+        linears = packed_weights.for_model(model)
     device = input_ids.device
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     out = model(input_ids=input_ids[:, cached_columns:], attention_mask=attention_mask,
@@ -281,9 +320,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     capacity = keys[0].shape[2]
     if capacity < W + max_new_tokens - 1:
         raise ValueError(f"llama_decode.generate: cache capacity {capacity} < {W + max_new_tokens - 1} columns")
-    dtype = keys[0].dtype
-    mask = torch.zeros((B, capacity), dtype=dtype, device=device)
-    mask[:, :W].masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
+    mask = decode_mask(keys, values, attention_mask)
     lengths = attention_mask.long().sum(-1)  # real tokens per row
     stops = torch.tensor(sorted(set(stop_token_ids)), device=device)
 
@@ -329,7 +366,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
             mask = mask.index_select(0, idx)
             compactions += 1
         pos = pos + 1
-        logits = _step(model, tok, pos, keys, values, col, mask, w8)
+        logits = _step(model, tok, pos, keys, values, col, mask, linears)
     steps = int(produced.max())
     return LoopOutput(new_ids=new_ids[:, :steps], logits=tuple(step_logits[:steps]) if output_logits else None,
                       states=states if keep_states else None, compactions=compactions)
