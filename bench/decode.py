@@ -12,8 +12,8 @@ Measured, in this order:
    of 5 products of 2048x2048 matrices), with torch's thread count as generation runs;
 2. a decoding step at ``--rows`` rows at the prompts' width: today's (the model's forward with transformers'
    cache) and the loop's (:func:`reterm.policies.llama_decode._step`), interleaved, median of ``--steps``;
-   ``--profile`` adds a torch.profiler split of the loop's step (weights: ``mm``/``addmm``; attention:
-   ``bmm``/softmax; cache: copies and ``index_select``; the rest: element-wise operations and Python);
+   ``--profile`` adds a torch.profiler split of the loop's step (weights: ``mm``/``addmm``/oneDNN's packed
+   linear; attention: ``bmm``/``baddbmm``/softmax; cache: copies and ``index_select``; the rest: element-wise operations and Python);
 3. prefill: one forward of the rows' prompts (no cache), real prompt tokens a second;
 4. whole generation through :class:`PrefixKVCache` (prefix sharing, store, early release as in the evaluation),
    today's path then the loop, ``--reps`` rounds interleaved so that the machine's load hits both alike; the
@@ -30,7 +30,8 @@ of all the threads), with ``wall_s_processes`` and ``rows_differing_processes`` 
 from this process's: one thread's sums may round differently).
 
 Ends with one JSON line: ``decode_over_read`` (loop's step ms over the time to read the weights and the rows' KV
-cache once at the measured bandwidth), ``decode_floor_over_read`` (the step's arithmetic at the measured matmul
+cache once at the measured bandwidth; the rows' ``width`` columns, though the loop reads its whole reserved
+storage, ``width + new_tokens`` columns), ``decode_floor_over_read`` (the step's arithmetic at the measured matmul
 peak over that same read time: the least ``decode_over_read`` the model dtype's arithmetic allows on this machine), ``prefill_share_of_peak`` (prefill tokens/s x FLOPs a token over the
 measured peak; FLOPs a token: 2 x non-embedding parameters + 4 x layers x query width x mean context),
 ``speedup`` (today's whole-generation wall over the loop's, medians), the step times, the CPU flags and
@@ -158,7 +159,7 @@ def _profile(torch, fn) -> dict:
     with profile() as prof:
         fn()
     wall = (time.perf_counter() - t) * 1e3
-    groups = {"weights": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"), "attention": ("aten::bmm", "aten::_softmax"),
+    groups = {"weights": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"), "attention": ("aten::bmm", "aten::baddbmm", "aten::_softmax"),
               "cache": ("aten::copy_", "aten::index_select", "aten::cat")}  # fmt: skip
     out = {k: 0.0 for k in groups}
     for ev in prof.key_averages():

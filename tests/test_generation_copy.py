@@ -18,8 +18,8 @@ from reterm.training.models import resolve_model_name_or_path
 def lora():
     path = resolve_model_name_or_path("smollm2")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(0)  # LoRA's A and the B below: the same adapter whatever ran before in this process
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
-    torch.manual_seed(0)
     with torch.no_grad():  # a trained-looking adapter: B is zero at initialisation
         for name, p in model.named_parameters():
             if "lora_B" in name:

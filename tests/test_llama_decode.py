@@ -247,6 +247,42 @@ def test_packed_weights_multiply_as_the_modules_and_follow_in_place_changes(smol
             w.copy_(saved)
 
 
+def test_packed_weights_only_where_a_linear_layer_is_all_its_forward_does(smol):
+    """A layer whose forward adds something (a hook here; LoRA injected in place, an offload hook) keeps the
+    model's own modules: the loop runs, its tokens equal ``model.generate``'s, the packed copies are not used; and
+    :func:`packed_weights.invalidate` drops copies a write outside autograd's version counter left stale."""
+    from reterm.policies import packed_weights
+
+    if not packed_weights.available():
+        pytest.skip("this torch build has no oneDNN packed linear kernels")
+    model = smol.model
+    assert packed_weights.usable(model)
+    layer = model.model.layers[2].mlp.up_proj
+    handle = layer.register_forward_hook(lambda mod, inp, out: out * 1.5)
+    try:
+        assert not packed_weights.plain_linears(model) and not packed_weights.usable(model)
+        prompts, stops = _prompts(smol)[:2], smol.stop_token_ids
+        _, ref = _run(smol, prompts, False, stops, max_new_tokens=6)
+        kv, new = _run(smol, prompts, True, stops, max_new_tokens=6)
+        assert kv.fast_calls == 1 and new.new_ids.tolist() == ref.new_ids.tolist()  # the hook is honoured
+        with pytest.raises(ValueError, match="plain"):
+            _run(smol, prompts, True, stops, kv=PrefixKVCache(decode_weights="int8"), max_new_tokens=2)
+    finally:
+        handle.remove()
+    assert packed_weights.usable(model)
+    pk = packed_weights.for_model(model)
+    w = model.model.layers[0].self_attn.o_proj.weight
+    saved = w.detach().clone()
+    w.data.mul_(2.0)  # bypasses the version counter: the signature cannot see it
+    try:
+        assert packed_weights.for_model(model) is pk
+        packed_weights.invalidate(model)
+        assert packed_weights.for_model(model) is not pk
+    finally:
+        w.data.copy_(saved)
+        packed_weights.invalidate(model)
+
+
 def copy_in(model, dtype):
     """A copy of ``model`` in ``dtype`` (the fixture's float32 model stays as it is)."""
     import copy

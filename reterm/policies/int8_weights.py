@@ -84,5 +84,6 @@ def for_model(model: Any) -> Int8Linears:
     mods = _linears(model)
     have = _COPIES.get(model)
     if have is None or have.signature != _signature(mods):
+        _COPIES.pop(model, None)  # the old copies go before the new ones are built
         have = _COPIES[model] = Int8Linears(model)
     return have

@@ -227,7 +227,8 @@ class PrefixKVCache:
             cache written in place, grouped-head attention, finished rows dropped from the batch) instead of
             ``model.generate``; other models and settings it does not reproduce always use ``model.generate``.
             ``False`` is the reference path (``bench/decode.py`` compares the two).
-        decode_weights: ``"float"`` (the model's weights) or ``"int8"``: that loop's decoding steps multiply by
+        decode_weights: ``"float"`` (the model's weights in its own dtype: oneDNN-packed copies where
+            :func:`reterm.policies.packed_weights.usable`, else the modules) or ``"int8"``: that loop's decoding steps multiply by
             int8 copies of the linear layers (:mod:`reterm.policies.int8_weights`; faster on a CPU, greedy tokens
             can differ; float32 models only). Ignored where the loop does not run.
 

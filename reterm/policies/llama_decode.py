@@ -8,8 +8,10 @@ This loop, used by :class:`reterm.policies.kv_cache.PrefixKVCache` for every mod
 - reads the prompt with the model's own forward (the same call ``generate`` makes, so the first token's logits
   are the same), into a key/value cache whose storage is reserved for the whole call
   (:func:`reterm.policies.kv_cache._reserved_cache`);
-- then runs each decoding step itself: the model's own modules for embeddings, norms, projections, MLP and
-  LM head (their live parameters: a copy synced after an optimiser step is read as it is now), the rotary
+- then runs each decoding step itself: the model's own modules for embeddings and norms, oneDNN-packed copies
+  of its projections, MLP and LM head weights in the model's dtype (:mod:`reterm.policies.packed_weights`, rebuilt
+  whenever a weight changed: a copy synced after an optimiser step is read as it is now; the modules themselves
+  where packing is not usable), the rotary
   embedding from the model's own ``rotary_emb``, each token's key/value written in place into the reserved
   storage, and attention computed per key/value head group: the ``n_rep`` query heads that share a key/value
   head are one ``(n_rep, head_dim)`` block multiplied against that head's keys and values as they lie in the
@@ -21,8 +23,8 @@ This loop, used by :class:`reterm.policies.kv_cache.PrefixKVCache` for every mod
 Anything this loop does not reproduce (other logits processors, a repetition penalty, stopping rules, beams,
 models of another architecture, a PEFT wrapper) is left to ``model.generate`` (:func:`supports`,
 :func:`sampling_of`). Exactness: greedy tokens equal ``generate``'s on the test prompt set in float32
-(``tests/test_llama_decode.py``); the attention's sums run in another order, so a near-tie could in principle
-flip a token.
+(``tests/test_llama_decode.py``); the attention's and the packed products' sums run in another order, so a
+near-tie could in principle flip a token (in bf16 it does: ``docs/REPRODUCING.md``).
 """
 
 from __future__ import annotations
@@ -295,7 +297,7 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
 
     Raises:
         ValueError: no column left to read (``cached_columns >= W``), ``max_new_tokens < 1``, or ``int8`` with a
-            model whose weights are not float32.
+            model whose weights are not float32 or whose linear layers are not plain.
     """
     import torch
 
@@ -308,6 +310,9 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
         if model.lm_head.weight.dtype != torch.float32:
             raise ValueError(f"llama_decode.generate: int8 decoding needs float32 weights, the model has "
                              f"{model.lm_head.weight.dtype}")  # fmt: skip
+        if not packed_weights.plain_linears(model):
+            raise ValueError("llama_decode.generate: int8 decoding needs plain torch.nn.Linear layers without hooks "
+                             "(a layer with LoRA injected or an offload hook would lose what its forward adds)")
         linears = int8_weights.for_model(model)
     elif packed_weights.usable(model):
         linears = packed_weights.for_model(model)
