@@ -46,7 +46,8 @@ def server(tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-m", "reterm.cli", "serve", "smollm2", "--host", "127.0.0.1", "--port", str(port),
              "--max-context", str(MAX_CONTEXT), "--max-new-tokens", "8", "--temperature", "0",
-             "--batch-wait-ms", "500"],  # long enough that concurrent requests surely share a batch
+             "--batch-wait-ms", "500",  # long enough that concurrent requests surely share a batch
+             "--dtype", "float32"],  # greedy replies compared across calls: bf16 rounds them apart (serve.py)
             stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

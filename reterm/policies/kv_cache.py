@@ -155,6 +155,14 @@ def _plain_attention(model: Any) -> bool:
     return _PLAIN_ATTENTION[model]
 
 
+def _without_streamer(generation_kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``generation_kwargs`` less a ``streamer``: the decoding loop feeds one itself (``reterm serve``'s streaming
+    then decodes as its non-streamed requests do)."""
+    if not generation_kwargs or "streamer" not in generation_kwargs:
+        return generation_kwargs
+    return {k: v for k, v in generation_kwargs.items() if k != "streamer"}
+
+
 def cut_at_stop(seq: list[int], stops: set[int]) -> tuple[list[int], int | None]:
     """A generated row up to and including its first stop token.
 
@@ -455,8 +463,9 @@ class PrefixKVCache:
                 loop = llama_decode.generate(
                     model, input_ids.to(device), attention.to(device), cache, cached_columns,
                     max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids), pad_token_id=pad_token_id,
-                    sampling=llama_decode.sampling_of(model, generation_kwargs), output_logits=output_logits,
-                    keep_states=self.enabled, int8=self.decode_weights == "int8")  # fmt: skip
+                    sampling=llama_decode.sampling_of(model, _without_streamer(generation_kwargs)),
+                    output_logits=output_logits, keep_states=self.enabled, int8=self.decode_weights == "int8",
+                    streamer=(generation_kwargs or {}).get("streamer"))  # fmt: skip
             fed = [len(p) - r for p, r in zip(prompts, reused)]
             self.reused_tokens += sum(reused)
             self.fed_tokens += sum(fed)
@@ -555,7 +564,7 @@ class PrefixKVCache:
         reproduces)."""
 
         return (self.fast_decode and llama_decode.supports(model)
-                and llama_decode.sampling_of(model, generation_kwargs) is not None)  # fmt: skip
+                and llama_decode.sampling_of(model, _without_streamer(generation_kwargs)) is not None)  # fmt: skip
 
     def _store_states(self, prompts: list[list[int]], new: Any, states: list[Any], stop_token_ids: list[int]) -> None:
         """Store each row's states as :func:`reterm.policies.llama_decode.generate` cut them out (per layer

@@ -272,7 +272,8 @@ def _head(head: Any, x: Any) -> Any:
 
 def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached_columns: int, *,
              max_new_tokens: int, stop_token_ids: list[int], pad_token_id: int, sampling: Sampling,
-             output_logits: bool = False, keep_states: bool = False, int8: bool = False) -> LoopOutput:  # fmt: skip
+             output_logits: bool = False, keep_states: bool = False, int8: bool = False,
+             streamer: Any = None) -> LoopOutput:  # fmt: skip
     """Generate up to ``max_new_tokens`` tokens for each row of a left-padded batch.
 
     Args:
@@ -291,6 +292,9 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
             (:mod:`reterm.policies.int8_weights`; the prompt is read in the model's own precision). Otherwise
             they multiply by oneDNN-packed copies in the model's own dtype where :func:`packed_weights.usable`
             (:mod:`reterm.policies.packed_weights`), else by the modules themselves.
+        streamer: a transformers streamer (``put``/``end``), fed as ``model.generate`` feeds one: ``put`` of the
+            prompt ids ``(B, W)``, then of each step's tokens ``(B,)`` (``pad_token_id`` for rows that have
+            ended), then ``end``.
 
     Returns:
         :class:`LoopOutput`.
@@ -340,11 +344,15 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
     produced = torch.zeros(B, dtype=torch.long)  # tokens kept per original row
     pos = positions[:, -1]  # position of each row's last prompt token
     compactions = 0
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
     for t in range(max_new_tokens):
         tok = _pick(logits, sampling)
         live_at = alive.nonzero().flatten()
         live = rows[live_at].tolist()
         new_ids[live, t] = tok[live_at].cpu()
+        if streamer is not None:
+            streamer.put(new_ids[:, t].clone())
         produced[live] = t + 1
         if output_logits:
             full = torch.zeros((B, logits.shape[-1]), dtype=logits.dtype)
@@ -375,6 +383,8 @@ def generate(model: Any, input_ids: Any, attention_mask: Any, cache: Any, cached
             compactions += 1
         pos = pos + 1
         logits = _step(model, tok, pos, keys, values, col, mask, linears)
+    if streamer is not None:
+        streamer.end()
     steps = int(produced.max())
     return LoopOutput(new_ids=new_ids[:, :steps], logits=tuple(step_logits[:steps]) if output_logits else None,
                       states=states if keep_states else None, compactions=compactions)

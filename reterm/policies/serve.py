@@ -39,7 +39,9 @@ API (the subset agents use, vLLM-compatible where OpenAI's is silent):
   everything from a ``<``, where a tool call may begin), then at the end the rest of the reply's ``content``,
   a ``tool_calls`` delta when the reply is a tool call (as in the non-streamed response), and a finish chunk
   (with the choice's ``logprobs`` when asked); an optional usage chunk; ``data: [DONE]``. The concatenated
-  content deltas equal the non-streamed ``message.content`` of the same greedy request. A streamed request is
+  content deltas equal the non-streamed ``message.content`` of the same greedy request in float32 (both decode
+  through the same loop; in bf16 a second call that reuses the first one's stored prompt states reads the prompt
+  in other matrix shapes, and the rounding can part two greedy replies at a near-tie). A streamed request is
   generated in a batch of its own (its ``n`` choices together). A policy without a ``streamer`` attribute (a
   scripted one) is generated whole, then sent in the same shape.
 - Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. A prompt longer than
@@ -519,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
     p.add_argument("--served-model-name", help="name reported to clients (default: derived from MODEL)")
     p.add_argument("--adapter", help="a PEFT adapter folder applied on top of MODEL")
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on a GPU or a CPU with bf16 instructions, else fp32), float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--max-context", type=int, help="context length in tokens (default: the model's)")
     p.add_argument("--max-new-tokens", type=int, default=MAX_TURN_TOKENS,
