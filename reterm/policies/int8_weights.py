@@ -19,18 +19,14 @@ changed (an optimiser step, a weight sync), so a policy being trained decodes wi
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
+from reterm.policies.packed_weights import copies_for
 from reterm.policies.packed_weights import decoder_linears as _linears
 from reterm.policies.packed_weights import weights_signature as _signature
 
 #: The decoding loop's weight modes.
 DECODE_WEIGHTS = ("float", "int8")
-
-#: Each model's copies, kept beside it rather than on it (an attribute would travel with ``copy.deepcopy(model)``,
-#: which cannot copy oneDNN's opaque tensors) and dropped with it.
-_COPIES: "weakref.WeakKeyDictionary[Any, Int8Linears]" = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -81,9 +77,4 @@ class Int8Linears:
 def for_model(model: Any) -> Int8Linears:
     """The model's :class:`Int8Linears`, built on first use and rebuilt when any of its weights changed (storage or
     in-place version); kept beside the model. Building them for SmolLM2-135M takes a few seconds."""
-    mods = _linears(model)
-    have = _COPIES.get(model)
-    if have is None or have.signature != _signature(mods):
-        _COPIES.pop(model, None)  # the old copies go before the new ones are built
-        have = _COPIES[model] = Int8Linears(model)
-    return have
+    return copies_for(model, Int8Linears)

@@ -28,7 +28,7 @@ from typing import Any
 
 #: Each model's copies, kept beside it rather than on it (an attribute would travel with ``copy.deepcopy(model)``,
 #: which cannot copy oneDNN's opaque tensors) and dropped with it.
-_COPIES: "weakref.WeakKeyDictionary[Any, PackedLinears]" = weakref.WeakKeyDictionary()
+_COPIES: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -128,25 +128,33 @@ def usable(model: Any) -> bool:
 _LOCK = threading.Lock()
 
 
-def for_model(model: Any) -> PackedLinears:
-    """The model's :class:`PackedLinears`, built on first use and rebuilt when any of its weights changed (storage
-    or in-place version); kept beside the model, one build at a time (the old copies are dropped first, so two
-    never coexist). Packing SmolLM2-135M took 0.17 s in bf16 and 0.27 s in float32 (2-core EPYC).
+def copies_for(model: Any, build: Any) -> Any:
+    """``model``'s copies made by ``build`` (:class:`PackedLinears`, :class:`reterm.policies.int8_weights.Int8Linears`:
+    a class taking the model, with a ``signature`` of :func:`weights_signature`), built on first use and rebuilt when
+    any of its weights changed (storage or in-place version); kept beside the model, one build at a time (the old
+    copies are dropped first, so two never coexist).
 
     Raises:
-        RuntimeError: as :class:`PackedLinears`, or a parameter is an inference tensor (check :func:`usable`).
+        RuntimeError: as ``build``, or a parameter is an inference tensor (check :func:`usable`).
     """
     mods = decoder_linears(model)
     with _LOCK:
-        have = _COPIES.get(model)
+        held = _COPIES.setdefault(model, {})
+        have = held.get(build)
         if have is None or have.signature != weights_signature(mods):
-            _COPIES.pop(model, None)
-            have = _COPIES[model] = PackedLinears(model)
+            held.pop(build, None)
+            have = held[build] = build(model)
         return have
 
 
+def for_model(model: Any) -> PackedLinears:
+    """The model's :class:`PackedLinears` (:func:`copies_for`). Packing SmolLM2-135M took 0.17 s in bf16 and
+    0.27 s in float32 (2-core EPYC)."""
+    return copies_for(model, PackedLinears)
+
+
 def invalidate(model: Any) -> None:
-    """Drop ``model``'s packed copies, so the next :func:`for_model` packs its weights as they are now (after a
-    write that bypassed autograd's version counter)."""
+    """Drop ``model``'s copies (packed and int8), so the next :func:`copies_for` builds them from its weights as
+    they are now (after a write that bypassed autograd's version counter)."""
     with _LOCK:
         _COPIES.pop(model, None)
