@@ -128,6 +128,20 @@ def test_huge_and_binary_output_is_bounded():
     run(_with_session(body))
 
 
+def test_replies_to_terminal_queries_do_not_reach_the_next_command():
+    """Output that queries the terminal (device attributes, cursor position, status) makes tmux type a
+    reply into the shell's input; random bytes hit ``ESC [ c`` now and then. The next command runs clean."""
+
+    async def body(env, s):
+        for query in (r"\033[c", r"\033[>c", r"\033[6n", r"\033[5n", r"x\033[c\n", r"\033[c\033[6n"):
+            r = await s.run(f"printf '{query}'")
+            assert r.exit_status == 0 and r.output.strip() in ("", "x"), (query, r.output)
+            r = await s.run("echo fine")
+            assert (r.output, r.exit_status) == ("fine", 0), (query, r.output)
+
+    run(_with_session(body))
+
+
 def test_shell_state_moves_to_a_fork():
     async def body(env, s):
         await s.run("mkdir -p /app/work && cd /app/work && export TOKEN='a b \"c\"' PATH=/opt/x:$PATH")

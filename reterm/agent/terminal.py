@@ -645,7 +645,14 @@ class TerminalSession:
         enter = f"{self._tmux} send-keys {target} Enter"
         if not data:
             return enter
-        if at_prompt or len(data) > 2000:
+        if at_prompt:
+            # C-u first: the terminal's replies to queries in earlier output (``ESC [ c`` gets
+            # ``ESC [ ? 1 ; 2 c``) wait in the shell's input, and readline would prefix them to the line
+            return (
+                f"printf '%s' {shlex.quote(text)} | {self._tmux} load-buffer -b reterm - && "
+                f"{self._tmux} send-keys {target} C-u \\; paste-buffer -p -d -b reterm {target} && {enter}"
+            )
+        if len(data) > 2000:
             return (
                 f"printf '%s' {shlex.quote(text)} | {self._tmux} load-buffer -b reterm - && "
                 f"{self._tmux} paste-buffer -p -d -b reterm {target} && {enter}"
@@ -739,7 +746,11 @@ class TerminalSession:
                     self.busy = None
                     self._cwd = p.pwd
                     r = self._result(command, p, exit_status=p.status, keep_last=True)
-                    await self._exec(f"{self._tmux} send-keys -R -t {SESSION} \\; send-keys -t {SESSION} C-l")
+                    r.output = self._cut_prompt_and_typeahead(r.output, p.pwd)
+                    await self._exec(
+                        f"{self._tmux} send-keys -R -t {SESSION} \\; send-keys -t {SESSION} C-u \\; "
+                        f"send-keys -t {SESSION} C-l"
+                    )
                     return r
                 return await self._waiting(command, p, n0, start)
             if time.monotonic() >= deadline:
@@ -810,6 +821,20 @@ class TerminalSession:
                 actions.append("killed the shell")
             killed = True
             grace_end = time.monotonic() + self.interrupt_grace_s
+
+    def _cut_prompt_and_typeahead(self, output: str, pwd: str | None) -> str:
+        """Drop the new prompt, and what readline shows after it, from the last row of ``output``.
+
+        The shell's input can hold the terminal's replies to queries the command printed (``ESC [ c``,
+        ``ESC [ 6 n``): readline shows their printable part after the prompt (``/app# 1;2c``).
+        """
+        if pwd is None:
+            return output
+        head, newline, last = output.rpartition("\n")
+        cut = max(last.rfind(f"{pwd}{sigil} ") for sigil in {self._sigil, "#", "$"})
+        if cut < 0:
+            return output
+        return head + newline + last[:cut] if last[:cut].strip() else head
 
     async def _died(self, command: str, why: str, p: _Poll | None, start: int) -> CommandResult:
         output = ""
