@@ -89,7 +89,11 @@ Environment (9B recipe): HF_TOKEN, HUB_ORG (publish for real under this org), DA
   RETERM_POLICY_URL (an OpenAI-compatible server of the base model; default: start vLLM here),
   RETERM_TEACHER_URL (the teacher endpoint of the data pipeline), ACCELERATE_CONFIG (zero3 or fsdp2).
 Environment (embedded default): RETERM_GEN_WORKERS (processes the data, mechanism and mine stages generate in;
-  default 2, each with cpus/2 threads; it changes their speed, not what they compute, and re-runs nothing).
+  default 2, each with cpus/2 threads; it changes their speed, not what they compute, and re-runs nothing);
+  RETERM_FAST_DECODE (1, the default: SmolLM2 decodes through reterm/policies/llama_decode.py; 0: through
+  transformers' model.generate, the reference path, e.g. to time a run's stages on both); RETERM_CPU_BF16 (0 or 1:
+  float32 or bf16 on the CPU, default: bf16 where the CPU has bf16 instructions). Each stage's record
+  (RUN/stages/NAME.done.json, summary.json's provenance) keeps the values that were set.
 EOF
 }
 

@@ -516,7 +516,7 @@ def provenance(run_dir: Path, stage_order: list[str]) -> dict[str, Any]:
         if rec is None:
             continue
         stages[st] = {k: rec.get(k) for k in ("command", "inputs", "wall_s", "peak_mem_mb", "load_avg_mean",
-                                              "finished_at", "git")}  # fmt: skip
+                                              "finished_at", "git", "speed_env")}  # fmt: skip
     commits = sorted({(s["git"] or {}).get("commit") for s in stages.values() if s.get("git")} - {None})
     finished = sorted(s["finished_at"] for s in stages.values() if s.get("finished_at"))
     return {"commits": commits, "dirty": any((s.get("git") or {}).get("dirty") for s in stages.values()),

@@ -42,6 +42,7 @@ conversation).
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -220,6 +221,23 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+#: The environment variable that picks :class:`PrefixKVCache`'s decoding path where the caller does not:
+#: ``1`` (or unset) the decoding loop, ``0`` ``model.generate``.
+FAST_DECODE_ENV = "RETERM_FAST_DECODE"
+
+
+def fast_decode_default() -> bool:
+    """:data:`FAST_DECODE_ENV` as a bool (unset: ``True``).
+
+    Raises:
+        ValueError: the variable holds something other than ``0`` or ``1``.
+    """
+    value = os.environ.get(FAST_DECODE_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{FAST_DECODE_ENV}={value!r}: use 1 (the decoding loop) or 0 (model.generate)")
+    return value == "1"
+
+
 class PrefixKVCache:
     """Per-conversation KV caches of one causal LM, keyed by the token ids they hold (see module doc).
 
@@ -234,7 +252,9 @@ class PrefixKVCache:
         fast_decode: decode Llama-architecture models (SmolLM2) with :mod:`reterm.policies.llama_decode` (a
             cache written in place, grouped-head attention, finished rows dropped from the batch) instead of
             ``model.generate``; other models and settings it does not reproduce always use ``model.generate``.
-            ``False`` is the reference path (``bench/decode.py`` compares the two).
+            ``False`` is the reference path (``bench/decode.py`` compares the two). ``None`` (the default)
+            reads :data:`FAST_DECODE_ENV` (unset or ``1``: the loop, ``0``: ``model.generate``), so a whole
+            run's stages can be timed on either path without changing their command lines.
         decode_weights: ``"float"`` (the model's weights in its own dtype: oneDNN-packed copies where
             :func:`reterm.policies.packed_weights.usable`, else the modules) or ``"int8"``: that loop's decoding steps multiply by
             int8 copies of the linear layers (:mod:`reterm.policies.int8_weights`; faster on a CPU, greedy tokens
@@ -244,8 +264,10 @@ class PrefixKVCache:
     """
 
     def __init__(self, *, enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 64,
-                 max_idle_calls: int = 16, early_release: bool = True, fast_decode: bool = True,
+                 max_idle_calls: int = 16, early_release: bool = True, fast_decode: bool | None = None,
                  decode_weights: str = "float") -> None:  # fmt: skip
+        if fast_decode is None:
+            fast_decode = fast_decode_default()
         if decode_weights not in DECODE_WEIGHTS:
             raise ValueError(f"PrefixKVCache: decode_weights must be one of {DECODE_WEIGHTS}, got {decode_weights!r}")
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
