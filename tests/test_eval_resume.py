@@ -35,9 +35,9 @@ def test_an_interrupted_model_resumes_from_its_journal(tmp_path, monkeypatch):
     solved = [d.name for d in ids[::2]]  # 3 of the 6 Pass@1 items pass
     monkeypatch.setattr(eval_drills, "load_policy", lambda spec, **kw: _half_oracle(tasks, solved))
 
-    def argv(out):
-        return ["--tasks", str(tasks), "--output", str(out), "--model", "sft=half", "--max-id", "6", "--max-ood",
-                "0", "--max-states", "2", "--own-items", "2", "--k-max", "1", "--max-turns", "4", "--batch", "2"]
+    def argv(out, own_items=2):
+        return ["--tasks", str(tasks), "--output", str(out), "--model", "sft=half", "--max-id", "6", "--max-ood", "0",
+                "--max-states", "2", "--own-items", str(own_items), "--k-max", "1", "--max-turns", "4", "--batch", "2"]
 
     real = eval_drills.run_attempts
     calls: list[tuple[str, int]] = []
@@ -87,6 +87,24 @@ def test_an_interrupted_model_resumes_from_its_journal(tmp_path, monkeypatch):
         assert json.loads((out / "sft" / "metrics.json").read_text())["pass_at_1"] == \
             json.loads((tmp_path / "whole" / "sft" / "metrics.json").read_text())["pass_at_1"]
         assert not (out / "sft" / eval_drills.JOURNAL).exists()
+
+    # following no own items (run_all's evaluation), no snapshot is kept and a journaled failure is reused as it is
+    calls.clear()
+    monkeypatch.setattr(eval_drills, "run_attempts", counted)
+    assert eval_drills.main(argv(tmp_path / "whole-0", own_items=0)) == 0
+    attempted_whole = sum(n for name, n in calls if name == "half")
+    calls.clear()
+    monkeypatch.setattr(eval_drills, "run_attempts", killed)
+    with pytest.raises(KeyboardInterrupt):
+        eval_drills.main(argv(tmp_path / "resumed-0", own_items=0))
+    journal = [json.loads(x) for x in (tmp_path / "resumed-0" / "sft" / eval_drills.JOURNAL).read_text().splitlines()]
+    assert len(journal) == 4 and [row["snapshot"] for row in journal] == [None] * 4
+    calls.clear()
+    monkeypatch.setattr(eval_drills, "run_attempts", counted)
+    assert eval_drills.main(argv(tmp_path / "resumed-0", own_items=0)) == 0
+    assert sum(n for name, n in calls if name == "half") == attempted_whole - 4
+    assert json.loads((tmp_path / "resumed-0" / "sft" / "per_item.json").read_text()) == \
+        json.loads((tmp_path / "whole-0" / "sft" / "per_item.json").read_text())
 
 
 def test_a_journal_line_cut_by_a_kill_is_skipped(tmp_path):

@@ -452,7 +452,10 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     per_item: dict[str, dict[str, float | None]] = {}
     try:
         for split, dirs in (("drills_id", id_dirs), ("drills_ood", ood_dirs)):
-            atts = await _attempts(policy, dirs, batch, f"{name} pass@1 {split}", keep_failed_snapshots=True, **kw)
+            # snapshots only while own items are still wanted: a resumed run re-attempts a journaled failure
+            # whose snapshot it needs and no longer has, and needs none when it follows no own items
+            atts = await _attempts(policy, dirs, batch, f"{name} pass@1 {split}",
+                                   keep_failed_snapshots=own_items > len(own_failed), **kw)  # fmt: skip
             scored = [a for a in atts if _scored(a)]
             res.setdefault("pass_at_1", {})[split] = rate([a.trajectory.passed for a in scored])
             res.setdefault("infra_faults", {})[split] = len(atts) - len(scored)
