@@ -288,3 +288,32 @@ def copy_in(model, dtype):
     import copy
 
     return copy.deepcopy(model).to(dtype)
+
+
+def test_the_environment_picks_the_path_where_the_caller_does_not(smol, monkeypatch):
+    """RETERM_FAST_DECODE=0 sends a default PrefixKVCache through model.generate (a run's stages timed on the
+    reference path), unset or 1 through the loop; a caller's explicit choice wins; another value is an error."""
+    calls = []
+    real = llama_decode.generate
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(llama_decode, "generate", spy)
+    prompts = _prompts(smol)[:2]
+    stops = [smol.tokenizer.eos_token_id]
+    outs = {}
+    for value, explicit, loop in (("0", None, False), ("1", None, True), (None, None, True), ("0", True, True)):
+        if value is None:
+            monkeypatch.delenv("RETERM_FAST_DECODE", raising=False)
+        else:
+            monkeypatch.setenv("RETERM_FAST_DECODE", value)
+        calls.clear()
+        _, out = _run(smol, prompts, explicit, stops, kv=PrefixKVCache(fast_decode=explicit), max_new_tokens=8)
+        assert bool(calls) is loop, (value, explicit)
+        outs[(value, explicit)] = out.new_ids.tolist()
+    assert len({str(v) for v in outs.values()}) == 1  # float32: the same greedy tokens on both paths
+    monkeypatch.setenv("RETERM_FAST_DECODE", "yes")
+    with pytest.raises(ValueError, match="RETERM_FAST_DECODE='yes'"):
+        PrefixKVCache()

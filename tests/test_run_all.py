@@ -60,6 +60,27 @@ def test_stage_runs_records_and_is_skipped_when_done(tmp_path, capsys):
     assert (out / "x").read_text() == "1"
 
 
+def test_stage_records_keep_the_speed_settings_and_the_walls_bench_compares_them(tmp_path, monkeypatch):
+    """Two runs of one stage, one with RETERM_FAST_DECODE=0: each record names the settings that were set, and
+    bench/stage_walls.py puts the walls side by side with their ratio."""
+    cmd = [PY, "-c", "import time; time.sleep(0.2)"]
+    for value, name in (("0", "a"), ("1", "b")):
+        monkeypatch.setenv("RETERM_FAST_DECODE", value)
+        monkeypatch.delenv("RETERM_CPU_BF16", raising=False)
+        assert stages.run_stage(tmp_path / name, "eval", cmd, [], later=[]) == 0
+        assert stages.read_marker(tmp_path / name, "eval")["speed_env"]["RETERM_FAST_DECODE"] == value
+        assert "RETERM_CPU_BF16" not in stages.read_marker(tmp_path / name, "eval")["speed_env"]
+    r = subprocess.run([PY, str(REPO / "bench" / "stage_walls.py"), str(tmp_path / "a"), str(tmp_path / "b")],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [run["speed_env"]["RETERM_FAST_DECODE"] for run in line["runs"]] == ["0", "1"]
+    assert 0 < line["ratio"][0]["stages"]["eval"] < 10 and "| eval |" in r.stdout
+    r = subprocess.run([PY, str(REPO / "bench" / "stage_walls.py"), str(tmp_path / "a"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode != 0 and "no stages/ folder" in r.stderr
+
+
 def test_failed_stage_leaves_no_record_and_returns_its_status(tmp_path):
     run = tmp_path / "run"
     code = stages.run_stage(run, "sft", [PY, "-c", "import sys; print('boom'); sys.exit(3)"], [], later=[])
