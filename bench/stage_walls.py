@@ -47,19 +47,35 @@ def stage_records(run_dir: Path) -> dict[str, dict]:
     return dict(sorted(records.items(), key=lambda kv: str(kv[1].get("finished_at") or "")))
 
 
+def speed_settings(records: dict[str, dict]) -> dict[str, str] | str:
+    """The speed settings a run's stages ran with (``speed_env`` of their records): one dict when every stage
+    agrees, ``"mixed"`` when they differ (a run resumed under other settings), ``"unknown"`` when no record holds
+    them (records written before ``train/stages.py`` kept them)."""
+    found = [r["speed_env"] for r in records.values() if isinstance(r.get("speed_env"), dict)]
+    if not found:
+        return "unknown"
+    return found[0] if all(env == found[0] for env in found) else "mixed"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Print the table and the JSON line for the run folders in ``argv``; exit status 2 on a folder that is not
+    a run (argparse's error)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (the first is the reference)")
     args = ap.parse_args(argv)
     if len(args.runs) < 2:
         ap.error("give at least two run folders")
-    runs = [(run, stage_records(run)) for run in args.runs]
+    try:
+        runs = [(run, stage_records(run)) for run in args.runs]
+    except FileNotFoundError as e:
+        ap.error(str(e))
     stages = list(dict.fromkeys(st for _, recs in runs for st in recs))
     ref = runs[0][1]
 
     def label(run: Path, recs: dict) -> str:
-        env = next((r.get("speed_env") for r in recs.values() if r.get("speed_env")), {}) or {}
-        return f"{run.name} ({', '.join(f'{k}={v}' for k, v in sorted(env.items())) or 'defaults'})"
+        env = speed_settings(recs)
+        shown = env if isinstance(env, str) else ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "defaults"
+        return f"{run.name} ({shown})"
 
     header = ["stage"] + [label(run, recs) for run, recs in runs] + [f"ratio {run.name}" for run, _ in runs[1:]]
     print("| " + " | ".join(header) + " |")
@@ -69,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [st]
         for _, recs in runs:
             rec = recs.get(st)
-            cells.append(f"{fmt_duration(rec['wall_s'])} (load {rec.get('load_avg_mean')})" if rec else "-")
+            load = f" (load {rec['load_avg_mean']})" if rec and rec.get("load_avg_mean") is not None else ""
+            cells.append(f"{fmt_duration(rec['wall_s'])}{load}" if rec else "-")
         for i, (_, recs) in enumerate(runs[1:]):
             if st in ref and st in recs and ref[st]["wall_s"]:
                 ratios[i][st] = round(recs[st]["wall_s"] / ref[st]["wall_s"], 3)
@@ -77,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(cells) + " |")
     totals = []
     for i, (_, recs) in enumerate(runs[1:]):
-        both = [st for st in ratios[i]]
+        both = list(ratios[i])
         a = sum(ref[st]["wall_s"] for st in both)
         b = sum(recs[st]["wall_s"] for st in both)
         totals.append(round(b / a, 3) if a else None)
@@ -85,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt_duration(b)} against {fmt_duration(a)} (ratio {totals[-1]})")  # fmt: skip
     print(json.dumps({
         "machine": machine(),
-        "runs": [{"run": str(run), "speed_env": next((r.get("speed_env") for r in recs.values() if r.get("speed_env")), {}),
+        "runs": [{"run": str(run), "speed_env": speed_settings(recs),
                   "commits": sorted({(r.get("git") or {}).get("commit") for r in recs.values()} - {None}),
                   "wall_s": {st: r["wall_s"] for st, r in recs.items()}} for run, recs in runs],
         "ratio": [{"run": str(runs[i + 1][0]), "stages": ratios[i], "total": totals[i]} for i in range(len(ratios))],

@@ -130,14 +130,18 @@ def test_huge_and_binary_output_is_bounded():
 
 def test_replies_to_terminal_queries_do_not_reach_the_next_command():
     """Output that queries the terminal (device attributes, cursor position, status) makes tmux type a
-    reply into the shell's input; random bytes hit ``ESC [ c`` now and then. The next command runs clean."""
+    reply into the shell's input; random bytes hit ``ESC [ c`` now and then. A reply that arrives while the
+    command still runs is echoed by the tty (``^[[?1;2c``) and read by readline at the prompt. Neither
+    shows in the observation, and the next command runs clean."""
 
     async def body(env, s):
-        for query in (r"\033[c", r"\033[>c", r"\033[6n", r"\033[5n", r"x\033[c\n", r"\033[c\033[6n"):
-            r = await s.run(f"printf '{query}'")
-            assert r.exit_status == 0 and r.output.strip() in ("", "x"), (query, r.output)
+        queries = [r"\033[c", r"\033[>c", r"\033[6n", r"\033[5n", r"x\033[c\n", r"\033[c\033[6n"]
+        commands = [f"printf '{q}'" for q in queries] + [r"printf '\033[c'; sleep 0.5", r"printf 'x\033[6n'; sleep 0.5"]
+        for command in commands:
+            r = await s.run(command)
+            assert r.exit_status == 0 and r.output.strip() in ("", "x"), (command, r.output)
             r = await s.run("echo fine")
-            assert (r.output, r.exit_status) == ("fine", 0), (query, r.output)
+            assert (r.output, r.exit_status) == ("fine", 0), (command, r.output)
 
     run(_with_session(body))
 

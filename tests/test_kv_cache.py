@@ -13,6 +13,13 @@ from reterm.policies.transformers_policy import TransformersPolicy
 from reterm.tiny_qwen import build_tiny_qwen3_5
 
 
+@pytest.fixture(autouse=True)
+def _default_decoding_path(monkeypatch):
+    """These tests name the path they want or mean the default one: a RETERM_FAST_DECODE of the caller's shell
+    (set to time a run on model.generate) must not change it."""
+    monkeypatch.delenv("RETERM_FAST_DECODE", raising=False)
+
+
 def _episode(policy: TransformersPolicy, turns: int) -> tuple[list[list[list[int]]], list[list[int]]]:
     """Greedy turns of three conversations of different lengths; returns the generated ids per turn and row,
     and the prompt tokens read from the cache per turn and row."""

@@ -12,6 +12,14 @@ from reterm.agent.protocol import TOOLS, initial_messages
 from reterm.policies import llama_decode
 from reterm.policies.kv_cache import PrefixKVCache, cut_at_stop
 
+
+@pytest.fixture(autouse=True)
+def _default_decoding_path(monkeypatch):
+    """These tests name the path they want or mean the default one: a RETERM_FAST_DECODE of the caller's shell
+    (set to time a run on model.generate) must not change it."""
+    monkeypatch.delenv("RETERM_FAST_DECODE", raising=False)
+
+
 ASKS = ["List the files.", "Create /app/out.txt holding the word hello, then check it.", "Run the tests.",
         "Fix the permissions of /app/run.sh so that it runs, then run it twice and compare the two outputs.",
         "Why does make fail?"]  # fmt: skip

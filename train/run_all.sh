@@ -93,7 +93,7 @@ Environment (embedded default): RETERM_GEN_WORKERS (processes the data, mechanis
   RETERM_FAST_DECODE (1, the default: SmolLM2 decodes through reterm/policies/llama_decode.py; 0: through
   transformers' model.generate, the reference path, e.g. to time a run's stages on both); RETERM_CPU_BF16 (0 or 1:
   float32 or bf16 on the CPU, default: bf16 where the CPU has bf16 instructions). Each stage's record
-  (RUN/stages/NAME.done.json, summary.json's provenance) keeps the values that were set.
+  (RUN/stages/NAME.json, summary.json's provenance) keeps the values that were set.
 EOF
 }
 

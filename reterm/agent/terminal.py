@@ -11,8 +11,9 @@ command by appending ``; tmux wait -S done`` to the keystrokes (which breaks key
 interactive program), returns whole screens rather than a command's output, and has no exit status,
 restart or shell-state transfer. Ideas taken from it: a tmux paste buffer for text, a private history
 limit, ``capture-pane -J``. What the agent types reaches the terminal byte for byte: at the prompt
-through a paste buffer, into a running program as hexadecimal keys (``send-keys -H``); never as tmux
-command arguments, which tmux splits at a trailing ``;``.
+through a paste buffer (after ``C-u``, which drops replies the terminal typed into the shell's input),
+into a running program as hexadecimal keys (``send-keys -H``); never as tmux command arguments, which
+tmux splits at a trailing ``;``.
 
 How a command is followed:
 
@@ -160,6 +161,11 @@ class EnvironmentFault(RuntimeError):
     the agent acts or the host is to blame; raised while an agent command runs, the episode loop
     scores it as the agent's failure (:func:`reterm.agent.episode.blame_breakage`, docs/SCORING.md).
     """
+
+
+#: The tty's echo of terminal replies (device attributes ``ESC [ ? 1 ; 2 c``, ``ESC [ > 84 ; 0 ; 0 c``, status
+#: ``ESC [ 0 n``, cursor position ``ESC [ 1 ; 1 R``) at the end of a row, as ``^[[?1;2c``.
+_ECHOED_REPLIES = re.compile(r"(?:\^\[\[[?>]?[0-9;]*[cnR])+$")
 
 
 class ShellState(BaseModel):
@@ -632,7 +638,10 @@ class TerminalSession:
         ``... ;``) and ``-l`` reads UTF-8 only. At the shell prompt the text goes through a paste
         buffer, bracketed when the program asked for it (``-p``), so bash reads a multi-line command
         as one input and TABs are not completion; typed into a running program, each byte is sent
-        as a hexadecimal key (``send-keys -H``), as if typed. Long text always uses the buffer.
+        as a hexadecimal key (``send-keys -H``), as if typed. Long text always uses the buffer. At the
+        prompt, ``C-u`` goes first and empties readline's line: replies the terminal typed into the shell's
+        input after earlier output queried it (``ESC [ c`` -> ``ESC [ ? 1 ; 2 c``) would otherwise prefix the
+        command.
         """
         target = f"-t {SESSION}"
         key = command.strip()
@@ -645,17 +654,13 @@ class TerminalSession:
         enter = f"{self._tmux} send-keys {target} Enter"
         if not data:
             return enter
-        if at_prompt:
-            # C-u first: the terminal's replies to queries in earlier output (``ESC [ c`` gets
+        if at_prompt or len(data) > 2000:
+            # at the prompt C-u first: the terminal's replies to queries in earlier output (``ESC [ c`` gets
             # ``ESC [ ? 1 ; 2 c``) wait in the shell's input, and readline would prefix them to the line
+            discard = f"send-keys {target} C-u \\; " if at_prompt else ""
             return (
                 f"printf '%s' {shlex.quote(text)} | {self._tmux} load-buffer -b reterm - && "
-                f"{self._tmux} send-keys {target} C-u \\; paste-buffer -p -d -b reterm {target} && {enter}"
-            )
-        if len(data) > 2000:
-            return (
-                f"printf '%s' {shlex.quote(text)} | {self._tmux} load-buffer -b reterm - && "
-                f"{self._tmux} paste-buffer -p -d -b reterm {target} && {enter}"
+                f"{self._tmux} {discard}paste-buffer -p -d -b reterm {target} && {enter}"
             )
         keys = " ".join(f"{b:02x}" for b in data)
         return f"{self._tmux} send-keys {target} -H {keys} \\; send-keys {target} Enter"
@@ -741,7 +746,8 @@ class TerminalSession:
             if want_proc and self._waiting_for_input(p, idle_for):
                 if p.count > n0 and p.fg == p.pane_pid and not p.alternate:
                     # the shell prompted again but its prompt is not readable: output bytes changed
-                    # the terminal's state (charset, scroll region...). Reset tmux's emulator and
+                    # the terminal's state (charset, scroll region...) or the terminal's replies to
+                    # queries sit on readline's line. Reset tmux's emulator, empty the line (C-u) and
                     # let readline redraw the prompt, so the next command starts clean.
                     self.busy = None
                     self._cwd = p.pwd
@@ -823,10 +829,12 @@ class TerminalSession:
             grace_end = time.monotonic() + self.interrupt_grace_s
 
     def _cut_prompt_and_typeahead(self, output: str, pwd: str | None) -> str:
-        """Drop the new prompt, and what readline shows after it, from the last row of ``output``.
+        """Drop the new prompt, what readline shows after it, and the tty's echo of terminal replies just
+        before it, from the last row of ``output``.
 
         The shell's input can hold the terminal's replies to queries the command printed (``ESC [ c``,
-        ``ESC [ 6 n``): readline shows their printable part after the prompt (``/app# 1;2c``).
+        ``ESC [ 6 n``): a reply that arrives while the tty still echoes shows as ``^[[?1;2c`` before the
+        prompt, and readline shows the printable part of one it reads after the prompt (``/app# 1;2c``).
         """
         if pwd is None:
             return output
@@ -834,7 +842,8 @@ class TerminalSession:
         cut = max(last.rfind(f"{pwd}{sigil} ") for sigil in {self._sigil, "#", "$"})
         if cut < 0:
             return output
-        return head + newline + last[:cut] if last[:cut].strip() else head
+        last = _ECHOED_REPLIES.sub("", last[:cut])
+        return head + newline + last if last.strip() else head
 
     async def _died(self, command: str, why: str, p: _Poll | None, start: int) -> CommandResult:
         output = ""
@@ -882,6 +891,8 @@ class TerminalSession:
         last_rows = tail_rows if sep else rows
         if not keep_last and last_rows:
             last = self._strip_prompt(last_rows[-1], p.pwd)
+            if last != last_rows[-1]:  # the prompt was cut: what the tty echoed just before it goes too
+                last = _ECHOED_REPLIES.sub("", last)
             if last.strip():
                 last_rows[-1] = last
             else:

@@ -452,8 +452,8 @@ async def evaluate_model(name: str, policy: Any, id_dirs: list[Path], ood_dirs: 
     per_item: dict[str, dict[str, float | None]] = {}
     try:
         for split, dirs in (("drills_id", id_dirs), ("drills_ood", ood_dirs)):
-            # snapshots only while own items are still wanted: a resumed run re-attempts a journaled failure
-            # whose snapshot it needs and no longer has, and needs none when it follows no own items
+            # failure-state snapshots only while own items are still wanted: without them a resumed run reuses
+            # its journaled failures as they are; with them it re-attempts those whose snapshot is gone
             atts = await _attempts(policy, dirs, batch, f"{name} pass@1 {split}",
                                    keep_failed_snapshots=own_items > len(own_failed), **kw)  # fmt: skip
             scored = [a for a in atts if _scored(a)]

@@ -227,12 +227,15 @@ FAST_DECODE_ENV = "RETERM_FAST_DECODE"
 
 
 def fast_decode_default() -> bool:
-    """:data:`FAST_DECODE_ENV` as a bool (unset: ``True``).
+    """Whether :class:`PrefixKVCache` decodes through the loop when its caller does not say.
+
+    Returns:
+        :data:`FAST_DECODE_ENV` as a bool: ``True`` for ``1``, unset or empty; ``False`` for ``0``.
 
     Raises:
-        ValueError: the variable holds something other than ``0`` or ``1``.
+        ValueError: the variable holds anything else.
     """
-    value = os.environ.get(FAST_DECODE_ENV, "1").strip()
+    value = os.environ.get(FAST_DECODE_ENV, "").strip() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"{FAST_DECODE_ENV}={value!r}: use 1 (the decoding loop) or 0 (model.generate)")
     return value == "1"
@@ -270,6 +273,9 @@ class PrefixKVCache:
             fast_decode = fast_decode_default()
         if decode_weights not in DECODE_WEIGHTS:
             raise ValueError(f"PrefixKVCache: decode_weights must be one of {DECODE_WEIGHTS}, got {decode_weights!r}")
+        if decode_weights == "int8" and not fast_decode:
+            raise ValueError(f"PrefixKVCache: decode_weights='int8' needs the decoding loop, and fast_decode is off "
+                             f"({FAST_DECODE_ENV}={os.environ.get(FAST_DECODE_ENV)!r})")  # fmt: skip
         if max_bytes < 0 or max_entries < 0 or max_idle_calls < 1:
             raise ValueError(f"PrefixKVCache: max_bytes/max_entries must be >= 0 and max_idle_calls >= 1, got "
                              f"{max_bytes}, {max_entries}, {max_idle_calls}")  # fmt: skip
