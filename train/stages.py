@@ -66,10 +66,11 @@ from run_records import (
 from run_summary import summary
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
-#: Environment variables that change how fast a stage runs, not what it computes in float32 (a changed command
-#: line re-runs a completed stage; these do not): each stage's record keeps the ones that were set, so stage walls
-#: of two runs can be compared knowing the path each took. RETERM_FAST_DECODE: ``reterm.policies.kv_cache``;
-#: RETERM_GEN_WORKERS: ``reterm.workers``; RETERM_CPU_BF16: ``reterm.precision`` (bf16 does change rounding).
+#: Environment variables that change how fast a stage runs rather than what it is (a changed command line re-runs
+#: a completed stage; these do not): each stage's record keeps the ones that were set, so stage walls of two runs
+#: can be compared knowing the path each took. RETERM_FAST_DECODE: ``reterm.policies.kv_cache`` (greedy tokens
+#: equal in float32, sampled draws differ); RETERM_GEN_WORKERS: ``reterm.workers``; RETERM_CPU_BF16:
+#: ``reterm.precision`` (bf16 rounds differently).
 SPEED_ENV = ("RETERM_FAST_DECODE", "RETERM_GEN_WORKERS", "RETERM_CPU_BF16", "OMP_NUM_THREADS")
 
 
